@@ -1,0 +1,1 @@
+"""Benchmark harness for conveyor: ``python -m bench --help``."""

@@ -1,0 +1,212 @@
+"""Job types: a handler with its options and the payload model built from its signature."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from conveyor.core.durations import Duration, seconds
+from conveyor.core.retry import Backoff
+from conveyor.errors import ConfigurationError, InvalidPayload, UnknownJobType
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Per-type options, validated when built."""
+
+    name: str
+    queue: str = "default"
+    max_attempts: int = 3
+    timeout: float | None = None
+    lease: float | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    priority: int = 0
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 200:
+            raise ConfigurationError("a job type name must be 1 to 200 characters")
+        _check_queue(self.queue)
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigurationError(
+                f"max_attempts of {self.name!r} must be an integer of at least 1, "
+                f"not {self.max_attempts!r}"
+            )
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigurationError(f"timeout of {self.name!r} must be positive")
+        if self.lease is not None and self.lease < 0.3:
+            raise ConfigurationError(f"lease of {self.name!r} must be at least 0.3 seconds")
+        for exc in self.non_retryable:
+            if not (isinstance(exc, type) and issubclass(exc, BaseException)):
+                raise ConfigurationError(
+                    f"non_retryable of {self.name!r} takes exception classes, not {exc!r}"
+                )
+
+
+def _check_queue(queue: object) -> None:
+    if not isinstance(queue, str) or not queue or len(queue) > 100 or "\x00" in queue:
+        raise ConfigurationError(f"a queue name must be 1 to 100 characters, not {queue!r}")
+
+
+def optional_seconds(value: Duration | None, what: str) -> float | None:
+    """Parse an optional duration option, naming the option in the error."""
+    if value is None:
+        return None
+    try:
+        return seconds(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"{what}: {exc}") from None
+
+
+class JobType:
+    """A registered handler: its options, its payload model and how to call it."""
+
+    def __init__(self, fn: Handler, options: JobOptions) -> None:
+        self.fn = fn
+        self.options = options
+        self.name = options.name
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.model = _payload_model(fn, options.name)
+
+    def validate(self, payload: object) -> dict[str, Any]:
+        """Check ``payload`` against the handler's signature; return it as stored (JSON)."""
+        if not isinstance(payload, Mapping):
+            raise InvalidPayload(
+                self.name, f"a payload is a JSON object of keyword arguments, not {payload!r}"
+            )
+        try:
+            model = self.model.model_validate(dict(payload))
+        except pydantic.ValidationError as exc:
+            raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
+        try:
+            data = model.model_dump(mode="json", exclude_unset=True)
+            json.dumps(data, allow_nan=False)
+        except (pydantic.PydanticSerializationError, ValueError, TypeError) as exc:
+            raise InvalidPayload(
+                self.name, f"the payload is not JSON-serialisable ({exc}); pass plain data"
+            ) from None
+        _check_json_text(self.name, data)
+        return data
+
+    def arguments(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Return the keyword arguments to call the handler with, from a stored payload."""
+        try:
+            model = self.model.model_validate(dict(payload))
+        except pydantic.ValidationError as exc:
+            raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
+        arguments = {name: getattr(model, name) for name in type(model).model_fields}
+        return arguments | dict(model.model_extra or {})
+
+def _check_json_text(job_type: str, value: object) -> None:
+    """Refuse NUL characters and non-finite numbers, which databases cannot store faithfully."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidPayload(job_type, "strings in a payload must not contain NUL (\\x00)")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise InvalidPayload(job_type, "numbers in a payload must be finite")
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                stack.append(key)
+                stack.append(sub)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "payload"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unexpected argument"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def _errors(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors()
+    ]
+
+
+def _payload_model(fn: Handler, name: str) -> type[pydantic.BaseModel]:
+    """Build a pydantic model of a handler's keyword arguments (all but the context)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read the signature of handler {name!r}: {exc}") from exc
+    params = list(signature.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigurationError(
+            f"handler {name!r} must take the job context as its first argument: "
+            f"def {getattr(fn, '__name__', name)}(ctx, ...)"
+        )
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        hints = {}
+    fields: dict[str, Any] = {}
+    extra = "forbid"
+    for p in params[1:]:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            raise ConfigurationError(
+                f"handler {name!r}: argument {p.name!r} must be passable by keyword, "
+                "since payloads are JSON objects of keyword arguments"
+            )
+        annotation = hints.get(p.name, Any)
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (annotation, default)
+    config = pydantic.ConfigDict(extra=extra, arbitrary_types_allowed=True)  # type: ignore[typeddict-item]
+    try:
+        return pydantic.create_model(f"{name}_payload", __config__=config, **fields)
+    except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+        raise ConfigurationError(f"handler {name!r} has arguments pydantic cannot check: {exc}")
+
+
+class Registry:
+    """The job types an application knows, by name."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, JobType] = {}
+
+    def add(self, job_type: JobType) -> None:
+        existing = self._types.get(job_type.name)
+        if existing is not None and existing.fn is not job_type.fn:
+            raise ConfigurationError(
+                f"job type {job_type.name!r} is registered twice; give one of them "
+                "another name with @app.job(name=...)"
+            )
+        self._types[job_type.name] = job_type
+
+    def get(self, name: str) -> JobType:
+        try:
+            return self._types[name]
+        except KeyError:
+            raise UnknownJobType(name, list(self._types)) from None
+
+    def find(self, name: str) -> JobType | None:
+        return self._types.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._types)
+
+    def queues(self) -> list[str]:
+        return sorted({t.options.queue for t in self._types.values()}) or ["default"]

@@ -1,0 +1,202 @@
+"""The job model: what a job is, what an attempt is, and what a worker reports back.
+
+Fields users can rely on are those of :class:`Job`; a job's definition (type, payload,
+options) is immutable once submitted, only its status, progress, state, result and error
+change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from conveyor.core.lifecycle import Event, Status, transition
+from conveyor.core.retry import backoff_delay, should_retry
+
+JSON = Any  # a value that json.dumps accepts
+
+
+class Outcome(StrEnum):
+    """How one attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a running job says it is."""
+
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job as submitted: everything the store needs to insert it."""
+
+    id: str
+    type: str
+    payload: dict[str, JSON]
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None  # None: now, by the store's clock
+    delay: float = 0.0  # seconds after the store's now, when run_at is None
+    max_attempts: int = 3
+    timeout: float | None = None
+    lease: float | None = None
+    backoff_base: float = 1.0
+    backoff_cap: float = 3600.0
+    tenant: str | None = None
+    unique_key: str | None = None
+    concurrency_key: str | None = None
+    depends_on: tuple[str, ...] = ()
+    parent_id: str | None = None
+    root_id: str | None = None
+    retry_of: str | None = None
+    state: JSON = None  # initial checkpoint, e.g. carried over by a manual retry
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as stored."""
+
+    id: str
+    type: str
+    queue: str
+    payload: dict[str, JSON]
+    status: Status
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    timeout: float | None = None
+    lease: float | None = None
+    backoff_base: float = 1.0
+    backoff_cap: float = 3600.0
+    tenant: str | None = None
+    progress: Progress | None = None
+    state: JSON = None
+    result: JSON = None
+    result_ref: str | None = None
+    error: str | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    depends_on: tuple[str, ...] = ()
+    unique_key: str | None = None
+    concurrency_key: str | None = None
+    retry_of: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_token: int = 0
+    cancel_requested: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of a job, kept as its own record."""
+
+    job_id: str
+    number: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: Outcome
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What a worker reports when an attempt ends, fenced by the lease token.
+
+    ``outcome`` is None for a hand-back on graceful shutdown: no attempt is recorded
+    and the attempt counter is given back.
+    """
+
+    job_id: str
+    token: int
+    status: Status
+    outcome: Outcome | None
+    result: JSON = None
+    result_ref: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    retry_delay: float = 0.0  # seconds from the store's now, when status is queued
+
+
+def after_failure(
+    *,
+    job_id: str,
+    token: int,
+    attempt: int,
+    max_attempts: int,
+    outcome: Outcome,
+    error: str | None,
+    traceback: str | None = None,
+    backoff_base: float,
+    backoff_cap: float,
+    jitter: float,
+    retry_after: float | None = None,
+    final: bool = False,
+) -> Settlement:
+    """Decide what follows a failed, timed out or lost attempt.
+
+    The job is retried with backoff (or after ``retry_after`` seconds) while attempts
+    remain and the error is not ``final``; otherwise it fails.
+
+    >>> s = after_failure(job_id="j", token=1, attempt=1, max_attempts=3,
+    ...     outcome=Outcome.FAILED, error="boom", backoff_base=30, backoff_cap=3600, jitter=0.5)
+    >>> (s.status.value, s.retry_delay)
+    ('queued', 15.0)
+    >>> after_failure(job_id="j", token=1, attempt=3, max_attempts=3, outcome=Outcome.LOST,
+    ...     error="lost", backoff_base=30, backoff_cap=3600, jitter=0.5).status.value
+    'failed'
+    """
+    if not final and should_retry(attempt=attempt, max_attempts=max_attempts):
+        status = transition(Status.RUNNING, Event.RETRY)
+        if retry_after is not None:
+            delay = max(0.0, retry_after)
+        else:
+            delay = backoff_delay(
+                attempt=attempt, base=backoff_base, cap=backoff_cap, jitter=jitter
+            )
+    else:
+        status = transition(Status.RUNNING, Event.FAIL)
+        delay = 0.0
+    return Settlement(
+        job_id=job_id,
+        token=token,
+        status=status,
+        outcome=outcome,
+        error=error,
+        traceback=traceback,
+        retry_delay=delay,
+    )
+
+
+def as_utc(value: datetime) -> datetime:
+    """Return an aware UTC datetime; a naive one is taken to be UTC already."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+

@@ -1,0 +1,78 @@
+"""The exceptions conveyor raises, each with a message that says what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.core.lifecycle import IllegalTransition
+
+
+class ConveyorError(Exception):
+    """Base class of conveyor's errors."""
+
+
+class ConfigurationError(ConveyorError):
+    """A setting is wrong: a malformed URL, a bad option, an unusable database."""
+
+
+class DatabaseUnavailable(ConveyorError):
+    """The database cannot be reached or opened."""
+
+
+class NotAConveyorDatabase(ConfigurationError):
+    """The database exists but holds something other than conveyor's tables."""
+
+
+class UnknownJobType(ConveyorError):
+    """No handler is registered for a job type."""
+
+    def __init__(self, job_type: str, known: list[str]) -> None:
+        hint = ", ".join(sorted(known)) if known else "none are registered"
+        super().__init__(
+            f"unknown job type {job_type!r}: register it with @app.job() (known types: {hint})"
+        )
+        self.job_type = job_type
+
+
+class InvalidPayload(ConveyorError):
+    """A payload does not match its handler's signature, or is not JSON."""
+
+    def __init__(self, job_type: str, message: str, errors: list[dict[str, Any]] | None = None):
+        super().__init__(f"invalid payload for {job_type!r}: {message}")
+        self.job_type = job_type
+        self.errors = errors or []
+
+
+class JobNotFound(ConveyorError):
+    """No job has the given id."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
+
+
+class IdempotencyConflict(ConveyorError):
+    """A job with the same id or key exists with a different definition."""
+
+
+class InvalidState(ConveyorError):
+    """The job's status does not allow the requested action."""
+
+
+class LeaseLost(ConveyorError):
+    """This worker no longer holds the job's lease; its writes are refused."""
+
+
+__all__ = [
+    "ConfigurationError",
+    "ConveyorError",
+    "DatabaseUnavailable",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "InvalidPayload",
+    "InvalidState",
+    "JobNotFound",
+    "LeaseLost",
+    "NotAConveyorDatabase",
+    "UnknownJobType",
+]

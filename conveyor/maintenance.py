@@ -1,0 +1,57 @@
+"""Maintenance duties that every worker runs, safe when all of them run at once.
+
+Each duty is ``run_once() -> result`` plus a loop that does nothing else; tests call
+``run_once`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+
+from conveyor.store import Rescued, Store
+
+log = logging.getLogger("conveyor.maintenance")
+
+
+@dataclass
+class Rescuer:
+    """Settles jobs whose lease expired as ``lost`` attempts; the retry policy then applies."""
+
+    store: Store
+    batch: int = 500
+
+    async def run_once(self) -> list[Rescued]:
+        rescued: list[Rescued] = []
+        while True:
+            found = await self.store.rescue(limit=self.batch, jitter=random.random())
+            rescued.extend(found)
+            if len(found) < self.batch:
+                break
+        for r in rescued:
+            log.warning(
+                "rescued job %s from worker %s (lease expired): now %s",
+                r.job_id,
+                r.worker_id,
+                r.status.value,
+            )
+        return rescued
+
+
+async def every(interval: float, duty: Rescuer, stop: asyncio.Event) -> None:
+    """Run ``duty.run_once()`` every ``interval`` seconds until ``stop`` is set."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            await duty.run_once()
+            failures = 0
+        except Exception as exc:  # the database may be briefly unavailable
+            failures += 1
+            if failures == 1:
+                log.warning("%s failed, will retry: %s", type(duty).__name__, exc)
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+        except TimeoutError:
+            pass

@@ -1,0 +1,65 @@
+"""Storage: the :class:`Store` protocol and the backends behind it, chosen by URL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from conveyor.errors import ConfigurationError
+from conveyor.store.protocol import (
+    Beat,
+    JobQuery,
+    Lease,
+    QueueInfo,
+    Rescued,
+    Store,
+    Submitted,
+    WorkerInfo,
+)
+
+
+def create_store(
+    url: str, *, clock: Callable[[], float] | None = None, migrate: bool = True
+) -> Store:
+    """Return an unopened store for a ``sqlite:///`` or ``postgresql://`` URL.
+
+    ``clock`` pins the store's time (seconds since the epoch) for tests; in production
+    SQLite uses the machine's clock and PostgreSQL the server's ``now()``.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(
+            "no database URL: pass one such as sqlite:///conveyor.db or "
+            "postgresql://user@host/db, or set CONVEYOR_DATABASE_URL"
+        )
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite":
+        from conveyor.store.sqlite import SQLiteStore
+        from conveyor.store.sqlite.backend import parse_sqlite_url
+
+        return SQLiteStore(parse_sqlite_url(url), clock=clock or time.time, migrate=migrate)
+    if scheme in ("postgres", "postgresql"):
+        try:
+            from conveyor.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"PostgreSQL support is not installed ({exc.name} is missing): "
+                'pip install "conveyor[postgres]"'
+            ) from exc
+        return PostgresStore(url, clock=clock, migrate=migrate)
+    raise ConfigurationError(
+        f"malformed database URL {url!r}: use sqlite:///path/to/file.db or "
+        "postgresql://user@host:5432/dbname"
+    )
+
+
+__all__ = [
+    "Beat",
+    "JobQuery",
+    "Lease",
+    "QueueInfo",
+    "Rescued",
+    "Store",
+    "Submitted",
+    "WorkerInfo",
+    "create_store",
+]

@@ -1,0 +1,159 @@
+"""The one seam between conveyor and its storage.
+
+A backend implements :class:`Store` with operations named after what happens to jobs.
+It owns every query, the maintenance ones included; every write a worker makes is fenced
+by the lease token and reports refusal rather than raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submitted job and whether this call created it (False: it existed already)."""
+
+    job: Job
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease a worker holds: the job and its fencing token."""
+
+    job_id: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat learned: leases it could not renew, and cancel requests."""
+
+    lost: frozenset[str] = frozenset()
+    cancel_requested: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker process as registered in the database."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue with its counts per status and whether it is paused."""
+
+    name: str
+    paused: bool
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """Filters for listing jobs, newest first, with keyset pagination on id."""
+
+    status: tuple[Status, ...] = ()
+    type: str | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    before_id: str | None = None  # keyset: only ids that sort before this one
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Rescued:
+    """A job whose lease expired, and what became of it."""
+
+    job_id: str
+    worker_id: str | None
+    status: Status
+
+
+class Store(Protocol):
+    """Storage operations, named after what happens to jobs."""
+
+    async def open(self) -> None:
+        """Connect, check that the database is conveyor's, and migrate it if asked."""
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+
+    async def now(self) -> datetime:
+        """Return the store's clock (the database's, where it has one)."""
+
+    async def submit(self, jobs: Sequence[NewJob]) -> list[Submitted]:
+        """Insert jobs in one transaction; an existing id or active unique key returns its job."""
+
+    async def get(self, job_id: str) -> Job | None:
+        """Return one job, or None."""
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        """Return jobs matching ``query``, newest first."""
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        """Return a job's attempts, oldest first."""
+
+    async def claim(
+        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+    ) -> list[Job]:
+        """Lease up to ``limit`` due jobs: status running, new token, attempt + 1."""
+
+    async def heartbeat(
+        self,
+        *,
+        worker_id: str,
+        leases: Sequence[Lease],
+        lease: float,
+        progress: Mapping[Lease, Progress],
+    ) -> Beat:
+        """Renew all of a worker's leases in one statement and write buffered progress."""
+
+    async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
+        """Record the end of attempts; return the ids whose lease was lost (refused)."""
+
+    async def checkpoint(self, lease: Lease, state: JSON) -> bool:
+        """Store a job's state; False when the lease was lost."""
+
+    async def rescue(self, *, limit: int, jitter: float) -> list[Rescued]:
+        """Settle up to ``limit`` jobs whose lease expired as ``lost`` attempts."""
+
+    async def cancel(self, job_id: str, *, reason: str) -> Job | None:
+        """Cancel a job that has not started, or ask its worker to stop a running one."""
+
+    async def register_worker(self, worker: WorkerInfo) -> None:
+        """Record a worker process as started."""
+
+    async def deregister_worker(self, worker_id: str) -> None:
+        """Record a worker process as stopped."""
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Return workers, live ones first."""
+
+    async def queues(self) -> list[QueueInfo]:
+        """Return every known queue with its counts."""
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        """Pause or resume claiming from a queue."""
+
+    async def wait_for_jobs(self, timeout: float) -> None:
+        """Return when new work may be available, or after ``timeout`` seconds."""

@@ -1,0 +1,630 @@
+"""SQLite implementation of the store protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import (
+    JSON,
+    Attempt,
+    Job,
+    NewJob,
+    Outcome,
+    Progress,
+    Settlement,
+    after_failure,
+)
+from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
+from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store.protocol import (
+    Beat,
+    JobQuery,
+    Lease,
+    QueueInfo,
+    Rescued,
+    Submitted,
+    WorkerInfo,
+)
+
+T = TypeVar("T")
+
+_Q = load_queries("conveyor.store.sqlite")
+_MIGRATIONS = load_migrations("conveyor.store.sqlite")
+_BUSY_TIMEOUT_MS = 30_000
+# An idle worker notices a commit from another process by polling PRAGMA data_version,
+# which reads shared memory only; 2 ms keeps enqueue-to-start latency low at ~1% CPU.
+_WATCH_INTERVAL = 0.002
+
+
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _epoch(value: datetime) -> float:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def _loads(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+def _dumps(value: JSON) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _one(cursor: sqlite3.Cursor) -> Any:
+    """Return the first row and step the statement to its end, so no statement stays open."""
+    rows = cursor.fetchall()
+    return rows[0] if rows else None
+
+
+def _job(row: sqlite3.Row) -> Job:
+    done = row["progress_done"]
+    progress = (
+        None
+        if done is None
+        else Progress(done=done, total=row["progress_total"], message=row["progress_message"])
+    )
+    depends = row["depends_on"]
+    return Job(
+        id=row["id"],
+        type=row["type"],
+        queue=row["queue"],
+        tenant=row["tenant"],
+        payload=json.loads(row["payload"]),
+        status=Status(row["status"]),
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        run_at=datetime.fromtimestamp(row["run_at"], UTC),
+        created_at=datetime.fromtimestamp(row["created_at"], UTC),
+        timeout=row["timeout"],
+        lease=row["lease_seconds"],
+        backoff_base=row["backoff_base"],
+        backoff_cap=row["backoff_cap"],
+        progress=progress,
+        state=_loads(row["state"]),
+        result=_loads(row["result"]),
+        result_ref=row["result_ref"],
+        error=row["error"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        depends_on=tuple(json.loads(depends)) if depends else (),
+        unique_key=row["unique_key"],
+        concurrency_key=row["concurrency_key"],
+        retry_of=row["retry_of"],
+        started_at=_ts(row["started_at"]),
+        finished_at=_ts(row["finished_at"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=_ts(row["lease_expires_at"]),
+        lease_token=row["lease_token"],
+        cancel_requested=bool(row["cancel_requested"]),
+    )
+
+
+def parse_sqlite_url(url: str) -> str:
+    """Return the file path of a ``sqlite:///path`` URL (``sqlite:///:memory:`` is refused).
+
+    >>> parse_sqlite_url("sqlite:///conveyor.db")
+    'conveyor.db'
+    >>> parse_sqlite_url("sqlite:////var/lib/app/jobs.db")
+    '/var/lib/app/jobs.db'
+    """
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise ConfigurationError(
+            f"malformed SQLite URL {url!r}: write sqlite:///relative/path.db "
+            "or sqlite:////absolute/path.db"
+        )
+    path = url[len(prefix) :].split("?", 1)[0]
+    if path == ":memory:":
+        raise ConfigurationError(
+            "sqlite:///:memory: cannot be shared between a worker and its clients: "
+            "use a file such as sqlite:///conveyor.db"
+        )
+    return path
+
+
+class SQLiteStore:
+    """A store on one SQLite file."""
+
+    def __init__(
+        self, path: str, *, clock: Callable[[], float] = time.time, migrate: bool = True
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._auto_migrate = migrate
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._watcher: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self._wake: asyncio.Event | None = None
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None or self._conn is None:
+            raise RuntimeError("the store is not open: call open() first")
+        conn = self._conn
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
+
+        def tx(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self._run(tx)
+
+    def _connect(self) -> sqlite3.Connection:
+        path = Path(self.path)
+        if path.is_dir():
+            raise ConfigurationError(f"database path {self.path!r} is a directory: name a file")
+        if not path.parent.exists():
+            raise ConfigurationError(
+                f"cannot create database {self.path!r}: folder {str(path.parent)!r} does not "
+                "exist; create it or choose another path"
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigurationError(
+                f"database {self.path!r} is not readable and writable by this user: "
+                "fix its permissions or choose another path"
+            )
+        if not path.exists() and not os.access(path.parent, os.W_OK):
+            raise ConfigurationError(
+                f"cannot create database {self.path!r}: folder {str(path.parent)!r} is not "
+                "writable; fix its permissions or choose another path"
+            )
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise NotAConveyorDatabase(
+                    f"{self.path!r} is not a SQLite database ({exc}): point "
+                    "CONVEYOR_DATABASE_URL at a conveyor database or a new file"
+                ) from exc
+            raise DatabaseUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        if mode.lower() != "wal":
+            conn.close()
+            raise ConfigurationError(
+                f"cannot switch {self.path!r} to WAL journal mode (got {mode!r}): "
+                "conveyor needs WAL to share the file between processes"
+            )
+        return conn
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
+        try:
+            self._conn = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._connect
+            )
+            version = await self._run(self._schema_version)
+            if version < len(_MIGRATIONS):
+                if not self._auto_migrate:
+                    raise ConfigurationError(
+                        f"database {self.path!r} needs migrations: run `conveyor migrate`"
+                    )
+                await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1)
+            self._watcher = None
+        if self._executor is not None:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                self._executor.submit(conn.close).result()
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        tables = {
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if "conveyor_migrations" in tables:
+            row = conn.execute("SELECT max(version) FROM conveyor_migrations").fetchone()
+            return int(row[0] or 0)
+        others = sorted(t for t in tables if not t.startswith("sqlite_"))
+        if others:
+            raise NotAConveyorDatabase(
+                f"{self.path!r} is a SQLite database but not conveyor's (it has tables "
+                f"{', '.join(others[:5])}): use a new file for conveyor"
+            )
+        return 0
+
+    async def migrate(self) -> list[str]:
+        def apply(conn: sqlite3.Connection) -> list[str]:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS conveyor_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM conveyor_migrations")}
+            applied = []
+            for version, name, sql in _MIGRATIONS:
+                if version in done:
+                    continue
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO conveyor_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, self._clock()),
+                )
+                applied.append(name)
+            return applied
+
+        return await self._write(apply)
+
+    async def now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    async def submit(self, jobs: Sequence[NewJob]) -> list[Submitted]:
+        now = self._clock()
+        rows = [self._new_job_params(job, now) for job in jobs]
+
+        def insert(conn: sqlite3.Connection) -> list[Submitted]:
+            out = []
+            for params in rows:
+                row = _one(conn.execute(_Q["insert_job"], params))
+                if row is not None:
+                    out.append(Submitted(_job(row), created=True))
+                    continue
+                existing = _one(conn.execute(_Q["get_job"], {"id": params["id"]}))
+                if existing is None and params["unique_key"] is not None:
+                    existing = _one(
+                        conn.execute(
+                            _Q["get_active_by_unique_key"], {"unique_key": params["unique_key"]}
+                        )
+                    )
+                if existing is None:
+                    raise RuntimeError(f"job {params['id']!r} was neither inserted nor found")
+                out.append(Submitted(_job(existing), created=False))
+            return out
+
+        return await self._write(insert)
+
+    @staticmethod
+    def _new_job_params(job: NewJob, now: float) -> dict[str, Any]:
+        run_at = _epoch(job.run_at) if job.run_at is not None else now + job.delay
+        return {
+            "id": job.id,
+            "type": job.type,
+            "queue": job.queue,
+            "tenant": job.tenant,
+            "payload": json.dumps(job.payload, separators=(",", ":")),
+            "status": (Status.PENDING if job.depends_on else Status.QUEUED).value,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "run_at": run_at,
+            "timeout": job.timeout,
+            "lease_seconds": job.lease,
+            "backoff_base": job.backoff_base,
+            "backoff_cap": job.backoff_cap,
+            "state": _dumps(job.state),
+            "parent_id": job.parent_id,
+            "root_id": job.root_id,
+            "depends_on": json.dumps(list(job.depends_on)) if job.depends_on else None,
+            "unique_key": job.unique_key,
+            "concurrency_key": job.concurrency_key,
+            "retry_of": job.retry_of,
+            "now": now,
+        }
+
+    async def get(self, job_id: str) -> Job | None:
+        def read(conn: sqlite3.Connection) -> Job | None:
+            row = _one(conn.execute(_Q["get_job"], {"id": job_id}))
+            return None if row is None else _job(row)
+
+        return await self._run(read)
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        params = {
+            "statuses": json.dumps([s.value for s in query.status]) if query.status else None,
+            "type": query.type,
+            "queue": query.queue,
+            "tenant": query.tenant,
+            "parent_id": query.parent_id,
+            "root_id": query.root_id,
+            "before_id": query.before_id,
+            "limit": query.limit,
+        }
+
+        def read(conn: sqlite3.Connection) -> list[Job]:
+            return [_job(r) for r in conn.execute(_Q["list_jobs"], params)]
+
+        return await self._run(read)
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        def read(conn: sqlite3.Connection) -> list[Attempt]:
+            return [
+                Attempt(
+                    job_id=r["job_id"],
+                    number=r["number"],
+                    worker_id=r["worker_id"],
+                    started_at=_ts(r["started_at"]),
+                    finished_at=_ts(r["finished_at"]),
+                    outcome=Outcome(r["outcome"]),
+                    error=r["error"],
+                    traceback=r["traceback"],
+                )
+                for r in conn.execute(_Q["attempts"], {"job_id": job_id})
+            ]
+
+        return await self._run(read)
+
+    # -- the worker's hot path ----------------------------------------------------------
+
+    async def claim(
+        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+    ) -> list[Job]:
+        params = {
+            "worker_id": worker_id,
+            "queues": json.dumps(list(queues)),
+            "limit": limit,
+            "lease": lease,
+            "now": self._clock(),
+        }
+
+        def claim(conn: sqlite3.Connection) -> list[Job]:
+            return [_job(r) for r in conn.execute(_Q["claim"], params).fetchall()]
+
+        return await self._write(claim)
+
+    async def heartbeat(
+        self,
+        *,
+        worker_id: str,
+        leases: Sequence[Lease],
+        lease: float,
+        progress: Mapping[Lease, Progress],
+    ) -> Beat:
+        now = self._clock()
+        held = json.dumps([[x.job_id, x.token] for x in leases])
+        updates = [
+            {
+                "id": key.job_id,
+                "token": key.token,
+                "done": p.done,
+                "total": p.total,
+                "message": p.message,
+            }
+            for key, p in progress.items()
+        ]
+
+        def beat(conn: sqlite3.Connection) -> Beat:
+            conn.execute(_Q["touch_worker"], {"worker_id": worker_id, "now": now})
+            renewed = {}
+            if leases:
+                rows = conn.execute(
+                    _Q["renew_leases"], {"leases": held, "lease": lease, "now": now}
+                ).fetchall()
+                renewed = {r[0]: bool(r[1]) for r in rows}
+            if updates:
+                conn.executemany(_Q["write_progress"], updates)
+            return Beat(
+                lost=frozenset(x.job_id for x in leases if x.job_id not in renewed),
+                cancel_requested=frozenset(k for k, v in renewed.items() if v),
+            )
+
+        return await self._write(beat)
+
+    async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
+        now = self._clock()
+
+        def settle(conn: sqlite3.Connection) -> list[str]:
+            return self._settle(conn, settlements, now)
+
+        return await self._write(settle)
+
+    @staticmethod
+    def _settle(
+        conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
+    ) -> list[str]:
+        refused = []
+        attempts = []
+        for s in settlements:
+            row = _one(conn.execute(
+                _Q["settle"],
+                {
+                    "id": s.job_id,
+                    "token": s.token,
+                    "status": s.status.value,
+                    "result": _dumps(s.result),
+                    "result_ref": s.result_ref,
+                    "error": s.error,
+                    "retry_delay": s.retry_delay,
+                    "refund": 1 if s.outcome is None else 0,
+                    "now": now,
+                },
+            ))
+            if row is None:
+                refused.append(s.job_id)
+            elif s.outcome is not None:
+                attempts.append(
+                    {
+                        "job_id": s.job_id,
+                        "number": row["attempt"],
+                        "worker_id": row["lease_owner"],
+                        "started_at": row["started_at"],
+                        "outcome": s.outcome.value,
+                        "error": s.error,
+                        "traceback": s.traceback,
+                        "now": now,
+                    }
+                )
+        if attempts:
+            conn.executemany(_Q["insert_attempt"], attempts)
+        return refused
+
+    async def checkpoint(self, lease: Lease, state: JSON) -> bool:
+        params = {"id": lease.job_id, "token": lease.token, "state": _dumps(state)}
+
+        def write(conn: sqlite3.Connection) -> bool:
+            return conn.execute(_Q["checkpoint"], params).rowcount == 1
+
+        return await self._write(write)
+
+    async def rescue(self, *, limit: int, jitter: float) -> list[Rescued]:
+        now = self._clock()
+
+        def rescue(conn: sqlite3.Connection) -> list[Rescued]:
+            rows = conn.execute(_Q["expired_leases"], {"now": now, "limit": limit}).fetchall()
+            decisions = [
+                after_failure(
+                    job_id=r["id"],
+                    token=r["lease_token"],
+                    attempt=r["attempt"],
+                    max_attempts=r["max_attempts"],
+                    outcome=Outcome.LOST,
+                    error=f"lease expired: worker {r['lease_owner']} stopped heartbeating",
+                    backoff_base=r["backoff_base"],
+                    backoff_cap=r["backoff_cap"],
+                    jitter=jitter,
+                )
+                for r in rows
+            ]
+            refused = set(self._settle(conn, decisions, now))
+            owners = {r["id"]: r["lease_owner"] for r in rows}
+            return [
+                Rescued(job_id=d.job_id, worker_id=owners[d.job_id], status=d.status)
+                for d in decisions
+                if d.job_id not in refused
+            ]
+
+        return await self._write(rescue)
+
+    async def cancel(self, job_id: str, *, reason: str) -> Job | None:
+        params = {"id": job_id, "reason": reason, "now": self._clock()}
+
+        def cancel(conn: sqlite3.Connection) -> Job | None:
+            row = _one(conn.execute(_Q["cancel_unstarted"], params))
+            if row is None:
+                row = _one(conn.execute(_Q["request_cancel"], params))
+            if row is None:
+                row = _one(conn.execute(_Q["get_job"], {"id": job_id}))
+            return None if row is None else _job(row)
+
+        return await self._write(cancel)
+
+    # -- workers and queues -------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerInfo) -> None:
+        params = {
+            "id": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "queues": json.dumps(list(worker.queues)),
+            "concurrency": worker.concurrency,
+            "now": self._clock(),
+        }
+        await self._write(lambda conn: conn.execute(_Q["register_worker"], params))
+
+    async def deregister_worker(self, worker_id: str) -> None:
+        params = {"worker_id": worker_id, "now": self._clock()}
+        await self._write(lambda conn: conn.execute(_Q["deregister_worker"], params))
+
+    async def workers(self) -> list[WorkerInfo]:
+        def read(conn: sqlite3.Connection) -> list[WorkerInfo]:
+            return [
+                WorkerInfo(
+                    id=r["id"],
+                    hostname=r["hostname"],
+                    pid=r["pid"],
+                    queues=tuple(json.loads(r["queues"])),
+                    concurrency=r["concurrency"],
+                    started_at=_ts(r["started_at"]),
+                    heartbeat_at=_ts(r["heartbeat_at"]),
+                    stopped_at=_ts(r["stopped_at"]),
+                )
+                for r in conn.execute(_Q["workers"])
+            ]
+
+        return await self._run(read)
+
+    async def queues(self) -> list[QueueInfo]:
+        def read(conn: sqlite3.Connection) -> list[QueueInfo]:
+            counts: dict[str, dict[str, int]] = {}
+            for r in conn.execute(_Q["queue_counts"]):
+                counts.setdefault(r["queue"], {})[r["status"]] = r["n"]
+            paused = {r["name"]: bool(r["paused"]) for r in conn.execute(_Q["paused_queues"])}
+            names = sorted(set(counts) | set(paused))
+            return [QueueInfo(n, paused.get(n, False), counts.get(n, {})) for n in names]
+
+        return await self._run(read)
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        params = {"name": queue, "paused": int(paused), "now": self._clock()}
+        await self._write(lambda conn: conn.execute(_Q["set_paused"], params))
+
+    # -- wake-ups -----------------------------------------------------------------------
+
+    async def wait_for_jobs(self, timeout: float) -> None:
+        if self._watcher is None:
+            self._start_watcher()
+        wake = self._wake
+        if wake is None:
+            await asyncio.sleep(timeout)
+            return
+        try:
+            await asyncio.wait_for(wake.wait(), timeout)
+        except TimeoutError:
+            pass
+        wake.clear()
+
+    def _start_watcher(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake = asyncio.Event()
+        stop = self._watch_stop
+        path = self.path
+
+        def watch() -> None:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            try:
+                last = conn.execute("PRAGMA data_version").fetchone()[0]
+                while not stop.wait(_WATCH_INTERVAL):
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != last:
+                        last = version
+                        loop.call_soon_threadsafe(wake.set)
+            except (sqlite3.Error, RuntimeError):
+                # The database went away or the loop closed: waiters fall back to timeouts.
+                pass
+            finally:
+                conn.close()
+
+        self._watcher = threading.Thread(target=watch, name="conveyor-sqlite-watch", daemon=True)
+        self._watcher.start()

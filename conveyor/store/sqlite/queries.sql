@@ -1,0 +1,158 @@
+-- Named queries of the SQLite backend. Times are seconds since the epoch (REAL),
+-- passed in as :now by the store, whose clock is injectable for tests.
+
+-- name: insert_job
+-- Insert a new job; an existing id or an active unique key makes this a no-op.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
+    unique_key, concurrency_key, retry_of, created_at
+) VALUES (
+    :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
+    :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
+    :depends_on, :unique_key, :concurrency_key, :retry_of, :now
+)
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: get_job
+-- One job by id.
+SELECT * FROM conveyor_jobs WHERE id = :id;
+
+-- name: get_active_by_unique_key
+-- The active job holding a unique key.
+SELECT * FROM conveyor_jobs
+WHERE unique_key = :unique_key AND status IN ('pending', 'queued', 'running', 'waiting');
+
+-- name: attempts
+-- A job's attempts, oldest first.
+SELECT * FROM conveyor_attempts WHERE job_id = :job_id ORDER BY number;
+
+-- name: claim
+-- Lease up to :limit due jobs from unpaused queues in claim order: priority, run_at, id.
+UPDATE conveyor_jobs
+SET status = 'running',
+    attempt = attempt + 1,
+    lease_token = lease_token + 1,
+    lease_owner = :worker_id,
+    lease_expires_at = :now + coalesce(lease_seconds, :lease),
+    started_at = :now,
+    cancel_requested = 0
+WHERE id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE status = 'queued'
+      AND queue IN (SELECT value FROM json_each(:queues))
+      AND run_at <= :now
+      AND queue NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
+    ORDER BY priority, run_at, id
+    LIMIT :limit
+)
+RETURNING *;
+
+-- name: renew_leases
+-- Extend every lease a worker still holds (id and token in :leases, a JSON array of pairs).
+UPDATE conveyor_jobs
+SET lease_expires_at = :now + coalesce(lease_seconds, :lease)
+WHERE (id, lease_token) IN (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:leases)
+)
+  AND status = 'running'
+RETURNING id, cancel_requested;
+
+-- name: write_progress
+-- Store a running job's latest progress, fenced by its lease.
+UPDATE conveyor_jobs
+SET progress_done = :done, progress_total = :total, progress_message = :message
+WHERE id = :id AND lease_token = :token AND status = 'running';
+
+-- name: touch_worker
+-- Record that a worker is alive.
+UPDATE conveyor_workers SET heartbeat_at = :now WHERE id = :worker_id;
+
+-- name: settle
+-- End an attempt, fenced by the lease: the row must still be running under this token.
+UPDATE conveyor_jobs
+SET status = :status,
+    result = :result,
+    result_ref = coalesce(:result_ref, result_ref),
+    error = :error,
+    run_at = CASE WHEN :status = 'queued' THEN :now + :retry_delay ELSE run_at END,
+    finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
+    attempt = attempt - :refund,
+    lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND status = 'running'
+RETURNING id, attempt, lease_owner, started_at;
+
+-- name: insert_attempt
+-- Keep the record of one ended attempt.
+INSERT OR REPLACE INTO conveyor_attempts (
+    job_id, number, worker_id, started_at, finished_at, outcome, error, traceback
+) VALUES (:job_id, :number, :worker_id, :started_at, :now, :outcome, :error, :traceback);
+
+-- name: checkpoint
+-- Store a running job's state, fenced by its lease.
+UPDATE conveyor_jobs SET state = :state
+WHERE id = :id AND lease_token = :token AND status = 'running';
+
+-- name: expired_leases
+-- Running jobs whose lease has expired, oldest expiry first.
+SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner
+FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at < :now
+ORDER BY lease_expires_at
+LIMIT :limit;
+
+-- name: cancel_unstarted
+-- Cancel a job that has not started yet.
+UPDATE conveyor_jobs
+SET status = 'cancelled', error = :reason, finished_at = :now
+WHERE id = :id AND status IN ('pending', 'queued')
+RETURNING *;
+
+-- name: request_cancel
+-- Ask the worker running a job to stop it.
+UPDATE conveyor_jobs SET cancel_requested = 1, error = :reason
+WHERE id = :id AND status = 'running'
+RETURNING *;
+
+-- name: register_worker
+-- Record a worker process as started.
+INSERT OR REPLACE INTO conveyor_workers (
+    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at
+) VALUES (:id, :hostname, :pid, :queues, :concurrency, :now, :now, NULL);
+
+-- name: deregister_worker
+-- Record a worker process as stopped.
+UPDATE conveyor_workers SET stopped_at = :now WHERE id = :worker_id;
+
+-- name: workers
+-- Workers, live ones first, newest heartbeat first.
+SELECT * FROM conveyor_workers
+ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
+LIMIT 200;
+
+-- name: queue_counts
+-- Number of jobs per queue and status.
+SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status;
+
+-- name: paused_queues
+-- Every queue with a pause record.
+SELECT name, paused FROM conveyor_queues;
+
+-- name: set_paused
+-- Pause or resume claiming from a queue.
+INSERT INTO conveyor_queues (name, paused, paused_at) VALUES (:name, :paused, :now)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.paused_at;
+
+-- name: list_jobs
+-- Jobs matching optional filters, newest first, keyset-paginated on id.
+SELECT * FROM conveyor_jobs
+WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:type IS NULL OR type = :type)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:tenant IS NULL OR tenant = :tenant)
+  AND (:parent_id IS NULL OR parent_id = :parent_id)
+  AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;

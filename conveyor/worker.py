@@ -1,0 +1,638 @@
+"""The worker: claims jobs, runs their handlers, and reports how each attempt ended.
+
+A worker has ``concurrency`` slots. It claims as many due jobs as it has free slots in
+one round trip, runs async handlers on its event loop and sync handlers in a thread
+pool, and settles finished attempts in batches: while one settle is in flight, the next
+ones gather, so a busy worker writes many results per transaction and an idle one
+writes at once.
+
+Leases are renewed by a heartbeat thread with its own database connection, all of the
+worker's leases in one statement, every lease/3. A handler that holds the event loop
+(CPU-bound code in an async handler) therefore cannot make the worker lose its leases.
+When a lease is lost (another worker rescued the job, or the heartbeat could not reach
+the database before the lease ran out), the local run is cancelled and its result is
+dropped: only the holder of the current fencing token can complete a job.
+
+On SIGTERM or SIGINT the worker stops claiming, gives running handlers ``grace``
+seconds, then cancels them and hands their jobs back as ``queued`` without spending an
+attempt. A handler that ignores cancellation for ``cancel_grace`` seconds is abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from conveyor.context import Cancel, JobContext, Retry
+from conveyor.core.lifecycle import Event, Status, transition
+from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
+from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.maintenance import Rescuer, every
+from conveyor.store import Lease, Store, WorkerInfo
+
+if TYPE_CHECKING:
+    from conveyor.client import Conveyor
+
+log = logging.getLogger("conveyor.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """How a worker runs, validated when built."""
+
+    concurrency: int = 10
+    queues: tuple[str, ...] | None = None  # None: the queues of the registered job types
+    lease: float = 30.0
+    grace: float = 30.0
+    cancel_grace: float = 5.0
+    poll_interval: float = 1.0
+    rescue_interval: float = 5.0
+    burst: bool = False
+    worker_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 10_000:
+            raise ConfigurationError("concurrency must be an integer from 1 to 10000")
+        if self.lease < 0.3:
+            raise ConfigurationError("lease must be at least 0.3 seconds")
+        for name in ("grace", "cancel_grace", "poll_interval", "rescue_interval"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} must not be negative")
+        if self.poll_interval <= 0 or self.rescue_interval <= 0:
+            raise ConfigurationError("poll_interval and rescue_interval must be positive")
+        if self.queues is not None and not self.queues:
+            raise ConfigurationError("queues, when given, must name at least one queue")
+
+
+class _Interrupt(Enum):
+    CANCEL = "cancel"  # a cancel request
+    TIMEOUT = "timeout"
+    HAND_BACK = "hand_back"  # graceful shutdown
+    LOST = "lost"  # the lease is gone: drop everything
+
+
+@dataclass(eq=False)
+class _Run:
+    job: Job
+    lease: float
+    ctx: JobContext | None = None
+    task: asyncio.Task[None] | None = None
+    is_async: bool = True
+    renewed_at: float = field(default_factory=time.monotonic)
+    interrupt: _Interrupt | None = None
+    reason: str = ""
+    done: bool = False  # the slot was released (finished or abandoned)
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def key(self) -> Lease:
+        return Lease(self.job.id, self.job.lease_token)
+
+
+class Worker:
+    """Claims and runs jobs for one application until stopped (or, in burst mode, idle)."""
+
+    def __init__(self, app: Conveyor, options: WorkerOptions) -> None:
+        self.app = app
+        self.options = options
+        self.id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.queues = options.queues or tuple(app.registry.queues())
+        self._runs: dict[str, _Run] = {}  # leases held: running or awaiting settle
+        self._lock = threading.Lock()
+        self._progress: dict[Lease, Progress] = {}
+        self._active = 0
+        self._outbox: list[tuple[_Run, Settlement]] = []
+        self._stopping = False
+        self._store: Store | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool = ThreadPoolExecutor(
+            max_workers=options.concurrency, thread_name_prefix="conveyor-handler"
+        )
+        self.processed = 0
+
+    # -- public -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` (or until idle in burst mode), then shut down gracefully."""
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._settle_ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._maintenance_stop = asyncio.Event()
+        store = self._store = self.app.new_store()
+        await store.open()
+        await store.register_worker(
+            WorkerInfo(
+                id=self.id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.queues,
+                concurrency=self.options.concurrency,
+            )
+        )
+        log.info(
+            "worker %s started: queues %s, concurrency %d, lease %.1fs",
+            self.id,
+            ",".join(self.queues),
+            self.options.concurrency,
+            self.options.lease,
+        )
+        heartbeat = _Heartbeat(self)
+        heartbeat.start()
+        settler = asyncio.create_task(self._settle_loop(), name="conveyor-settle")
+        listener = asyncio.create_task(self._listen(store), name="conveyor-listen")
+        rescuer = asyncio.create_task(
+            every(self.options.rescue_interval, Rescuer(store), self._maintenance_stop),
+            name="conveyor-rescue",
+        )
+        try:
+            await self._produce(store)
+            await self._drain()
+        finally:
+            self._maintenance_stop.set()
+            listener.cancel()
+            self._stopping = True
+            self._settle_ready.set()
+            await asyncio.gather(settler, rescuer, listener, return_exceptions=True)
+            heartbeat.stop()
+            await asyncio.get_running_loop().run_in_executor(None, heartbeat.join)
+            try:
+                await store.deregister_worker(self.id)
+            except Exception as exc:
+                log.warning("could not record worker %s as stopped: %s", self.id, exc)
+            await store.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and shut down gracefully (thread-safe)."""
+        loop = self._loop
+        if loop is None:
+            self._stopping = True
+        elif loop.is_running():
+            loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        if not self._stopping:
+            log.info("worker %s stopping: no new jobs; %d running", self.id, self._active)
+        self._stopping = True
+        self._stop_requested.set()
+        self._wakeup.set()
+
+    # -- claiming -----------------------------------------------------------------------
+
+    async def _produce(self, store: Store) -> None:
+        failures = 0
+        while not self._stopping:
+            free = self.options.concurrency - self._active
+            claimed: list[Job] = []
+            if free > 0:
+                try:
+                    claimed = await store.claim(
+                        worker_id=self.id, queues=self.queues, limit=free, lease=self.options.lease
+                    )
+                    if failures:
+                        log.warning("database reachable again; claiming resumed")
+                    failures = 0
+                except ConveyorError:
+                    raise
+                except Exception as exc:  # the database may be restarting: back off, retry
+                    failures += 1
+                    if failures == 1:
+                        log.error("cannot claim jobs (%s); retrying with backoff", exc)
+                    await self._sleep(min(5.0, 0.1 * 2**failures) * (0.5 + random.random()))
+                    continue
+                for job in claimed:
+                    self._start(job)
+                if len(claimed) == free:
+                    continue  # more may be due; claim again as soon as slots free
+                if not claimed and self.options.burst and self._active == 0:
+                    if not self._outbox and not self._runs:
+                        return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), self.options.poll_interval)
+            except TimeoutError:
+                pass
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _listen(self, store: Store) -> None:
+        while True:
+            try:
+                await store.wait_for_jobs(self.options.poll_interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(self.options.poll_interval)
+            self._wakeup.set()
+
+    # -- running ------------------------------------------------------------------------
+
+    def _start(self, job: Job) -> None:
+        run = _Run(job=job, lease=job.lease or self.options.lease)
+        job_type = self.app.registry.find(job.type)
+        run.is_async = job_type.is_async if job_type is not None else True
+        with self._lock:
+            self._runs[job.id] = run
+        self._active += 1
+        self._idle.clear()
+        run.task = asyncio.create_task(self._execute(run), name=f"conveyor-job-{job.id}")
+
+    async def _execute(self, run: _Run) -> None:
+        job = run.job
+        loop = asyncio.get_running_loop()
+        settlement: Settlement | None
+        try:
+            settlement = await self._invoke(run, loop)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if run.interrupt is None or task is None:
+                raise
+            task.uncancel()
+            settlement = self._interrupted(run)
+        finally:
+            if run.timer is not None:
+                run.timer.cancel()
+        if run.done:
+            return  # abandoned: the job was already settled without this run's result
+        if run.interrupt is _Interrupt.LOST:
+            settlement = None
+        elif run.interrupt is not None and (settlement is None or settlement.outcome in (
+            Outcome.SUCCEEDED, Outcome.FAILED
+        )):
+            # The handler swallowed the interruption and returned or failed: the
+            # interruption still decides, so a timed-out job is never marked succeeded.
+            settlement = self._interrupted(run)
+        self._finish(run, settlement)
+
+    async def _invoke(self, run: _Run, loop: asyncio.AbstractEventLoop) -> Settlement | None:
+        job = run.job
+        job_type = self.app.registry.find(job.type)
+        if job_type is None:
+            return self._failure(
+                run,
+                Outcome.FAILED,
+                f"no handler for job type {job.type!r} in worker {self.id}; "
+                f"known types: {', '.join(self.app.registry.names()) or 'none'}",
+            )
+        try:
+            kwargs = job_type.arguments(job.payload)
+        except ConveyorError as exc:
+            return self._failure(run, Outcome.FAILED, str(exc), final=True)
+        ctx = run.ctx = JobContext(
+            job,
+            worker_id=self.id,
+            report_progress=lambda p: self._report_progress(run, p),
+            save_state=lambda s: self._save_state(run, s),
+            loop=loop,
+        )
+        if job.cancel_requested:
+            self._interrupt(run, _Interrupt.CANCEL, job.error or "cancel requested")
+        if job.timeout:
+            run.timer = loop.call_later(
+                job.timeout,
+                self._interrupt,
+                run,
+                _Interrupt.TIMEOUT,
+                f"timed out after {job.timeout:g}s",
+            )
+        try:
+            if run.is_async:
+                result = await job_type.fn(ctx, **kwargs)
+            else:
+                future = loop.run_in_executor(self._pool, lambda: job_type.fn(ctx, **kwargs))
+                result = await asyncio.shield(future)
+        except Retry as exc:
+            return self._failure(
+                run, Outcome.FAILED, f"retry requested: {exc.reason}", retry_after=exc.after
+            )
+        except Cancel as exc:
+            return self._settlement(run, Event.CANCEL, Outcome.CANCELLED, error=exc.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            final = isinstance(exc, job_type.options.non_retryable)
+            return self._failure(
+                run,
+                Outcome.FAILED,
+                f"{type(exc).__name__}: {exc}",
+                tb=traceback.format_exc(),
+                final=final,
+            )
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return self._failure(
+                run,
+                Outcome.FAILED,
+                f"the handler returned a result that is not JSON ({exc}); return plain data",
+                final=True,
+            )
+        return self._settlement(run, Event.SUCCEED, Outcome.SUCCEEDED, result=result)
+
+    def _settlement(
+        self, run: _Run, event: Event, outcome: Outcome | None, *, result: JSON = None,
+        error: str | None = None,
+    ) -> Settlement:
+        return Settlement(
+            job_id=run.job.id,
+            token=run.job.lease_token,
+            status=transition(Status.RUNNING, event),
+            outcome=outcome,
+            result=result,
+            error=error,
+        )
+
+    def _failure(
+        self,
+        run: _Run,
+        outcome: Outcome,
+        error: str,
+        *,
+        tb: str | None = None,
+        final: bool = False,
+        retry_after: float | None = None,
+    ) -> Settlement:
+        job = run.job
+        return after_failure(
+            job_id=job.id,
+            token=job.lease_token,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            outcome=outcome,
+            error=error,
+            traceback=tb,
+            backoff_base=job.backoff_base,
+            backoff_cap=job.backoff_cap,
+            jitter=random.random(),
+            retry_after=retry_after,
+            final=final,
+        )
+
+    def _interrupted(self, run: _Run) -> Settlement | None:
+        if run.interrupt is _Interrupt.CANCEL:
+            return self._settlement(run, Event.CANCEL, Outcome.CANCELLED, error=run.reason)
+        if run.interrupt is _Interrupt.TIMEOUT:
+            return self._failure(run, Outcome.TIMED_OUT, run.reason)
+        if run.interrupt is _Interrupt.HAND_BACK:
+            return self._settlement(run, Event.HAND_BACK, None)
+        return None
+
+    def _interrupt(self, run: _Run, kind: _Interrupt, reason: str) -> None:
+        """Stop a run: cancel an async handler, flag a sync one, abandon it after a grace."""
+        if run.done or run.interrupt is not None and kind is not _Interrupt.LOST:
+            return
+        run.interrupt = kind
+        run.reason = reason
+        if run.ctx is not None:
+            run.ctx._mark_cancelled(reason)
+        if run.task is not None and run.is_async:
+            run.task.cancel()
+        elif run.task is not None and kind is _Interrupt.LOST:
+            run.task.cancel()
+        if kind is not _Interrupt.LOST and self._loop is not None:
+            self._loop.call_later(self.options.cancel_grace, self._abandon, run)
+
+    def _abandon(self, run: _Run) -> None:
+        if run.done:
+            return
+        log.warning(
+            "job %s ignored %s for %.1fs: abandoned", run.job.id, run.reason,
+            self.options.cancel_grace,
+        )
+        self._finish(run, self._interrupted(run))
+
+    def _finish(self, run: _Run, settlement: Settlement | None) -> None:
+        run.done = True
+        self._active -= 1
+        self.processed += 1
+        if settlement is None:
+            self._release(run)
+            log.warning("job %s: lease lost, result dropped", run.job.id)
+        else:
+            self._outbox.append((run, settlement))
+            self._settle_ready.set()
+        if self._active == 0:
+            self._idle.set()
+        self._wakeup.set()
+
+    def _release(self, run: _Run) -> None:
+        with self._lock:
+            if self._runs.get(run.job.id) is run:
+                del self._runs[run.job.id]
+            self._progress.pop(run.key, None)
+
+    def _report_progress(self, run: _Run, progress: Progress) -> None:
+        with self._lock:
+            self._progress[run.key] = progress
+
+    async def _save_state(self, run: _Run, state: JSON) -> bool:
+        json.dumps(state, allow_nan=False)
+        store = self._store
+        if store is None or run.interrupt is _Interrupt.LOST:
+            return False
+        return await store.checkpoint(run.key, state)
+
+    # -- settling -----------------------------------------------------------------------
+
+    async def _settle_loop(self) -> None:
+        store = self._store
+        assert store is not None
+        failures = 0
+        while True:
+            await self._settle_ready.wait()
+            self._settle_ready.clear()
+            batch, self._outbox = self._outbox, []
+            if not batch:
+                if self._stopping and not self._runs_unsettled():
+                    return
+                continue
+            try:
+                refused = set(await store.settle([s for _, s in batch]))
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    log.error("cannot record finished jobs (%s); retrying", exc)
+                self._outbox[:0] = batch
+                await asyncio.sleep(min(5.0, 0.1 * 2**failures) * (0.5 + random.random()))
+                self._settle_ready.set()
+                continue
+            for run, _ in batch:
+                if run.job.id in refused:
+                    log.warning("job %s: lease lost before its result was recorded", run.job.id)
+                self._release(run)
+            if self._stopping:
+                self._settle_ready.set()
+
+    def _runs_unsettled(self) -> bool:
+        with self._lock:
+            return bool(self._runs) and self._active > 0
+
+    # -- shutting down ------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if self._active:
+            log.info(
+                "waiting up to %.1fs for %d running jobs", self.options.grace, self._active
+            )
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.options.grace)
+            except TimeoutError:
+                with self._lock:
+                    running = [r for r in self._runs.values() if not r.done]
+                log.warning("grace period over: handing back %d jobs", len(running))
+                for run in running:
+                    self._interrupt(run, _Interrupt.HAND_BACK, "worker shutting down")
+                await self._idle.wait()
+        while self._outbox or self._runs_pending_settle():
+            self._settle_ready.set()
+            await asyncio.sleep(0.01)
+
+    def _runs_pending_settle(self) -> bool:
+        with self._lock:
+            return any(r.done for r in self._runs.values())
+
+    # -- heartbeat hooks (called on the loop) -------------------------------------------
+
+    def _on_beat(self, lost: frozenset[str], cancel: frozenset[str]) -> None:
+        with self._lock:
+            runs = dict(self._runs)
+        for job_id in lost:
+            run = runs.get(job_id)
+            if run is not None and not run.done:
+                log.warning("job %s: lease lost; stopping its handler", job_id)
+                self._interrupt(run, _Interrupt.LOST, "lease lost")
+                self._finish(run, None)
+        for job_id in cancel:
+            run = runs.get(job_id)
+            if run is not None and not run.done:
+                self._interrupt(run, _Interrupt.CANCEL, run.job.error or "cancel requested")
+
+    def held(self) -> list[_Run]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def take_progress(self) -> dict[Lease, Progress]:
+        with self._lock:
+            taken, self._progress = self._progress, {}
+            return taken
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the worker's leases from a thread of its own, with its own connection."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name="conveyor-heartbeat", daemon=True)
+        self.worker = worker
+        self._stop_event = threading.Event()
+        self.interval = worker.options.lease / 3
+        self.progress_interval = min(1.0, self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        loop = asyncio.new_event_loop()
+        store = self.worker.app.new_store()
+        try:
+            loop.run_until_complete(store.open())
+        except Exception as exc:
+            log.error("heartbeat cannot open the database: %s", exc)
+            loop.close()
+            return
+        try:
+            self._beat_forever(loop, store)
+        finally:
+            loop.run_until_complete(store.close())
+            loop.close()
+
+    def _beat_forever(self, loop: asyncio.AbstractEventLoop, store: Store) -> None:
+        worker = self.worker
+        last_beat = time.monotonic()
+        last_progress = 0.0
+        failures = 0
+        tick = min(0.25, self.interval / 2)
+        while not self._stop_event.wait(tick):
+            now = time.monotonic()
+            runs = worker.held()
+            interval = min([r.lease / 3 for r in runs] + [self.interval])
+            progress_due = bool(worker._progress) and now - last_progress >= self.progress_interval
+            if now - last_beat < interval and not progress_due:
+                self._fence(runs, now)
+                continue
+            progress = worker.take_progress()
+            started = time.monotonic()
+            try:
+                beat = loop.run_until_complete(
+                    store.heartbeat(
+                        worker_id=worker.id,
+                        leases=[r.key for r in runs],
+                        lease=worker.options.lease,
+                        progress=progress,
+                    )
+                )
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    log.error("heartbeat failed (%s); retrying until leases run out", exc)
+                with worker._lock:
+                    for key, value in progress.items():
+                        worker._progress.setdefault(key, value)
+                self._fence(runs, time.monotonic())
+                continue
+            if failures:
+                log.warning("heartbeat reaches the database again")
+            failures = 0
+            last_beat = started
+            if progress:
+                last_progress = started
+            for run in runs:
+                if run.job.id not in beat.lost:
+                    run.renewed_at = started
+            if (beat.lost or beat.cancel_requested) and worker._loop is not None:
+                try:
+                    worker._loop.call_soon_threadsafe(
+                        worker._on_beat, beat.lost, beat.cancel_requested
+                    )
+                except RuntimeError:
+                    return
+
+    def _fence(self, runs: list[_Run], now: float) -> None:
+        """Stop runs whose lease may have expired: better stop early than run twice."""
+        expired = frozenset(
+            r.job.id
+            for r in runs
+            if not r.done and now - r.renewed_at > r.lease - min(r.lease / 6, 2.0)
+        )
+        if expired and self.worker._loop is not None:
+            try:
+                self.worker._loop.call_soon_threadsafe(self.worker._on_beat, expired, frozenset())
+            except RuntimeError:
+                pass
+
+
+def run_worker(app: Conveyor, options: WorkerOptions) -> None:
+    """Run a worker in this thread until it stops (a convenience for scripts)."""
+    asyncio.run(app.worker(options).run())
+
+
+__all__ = ["Worker", "WorkerOptions", "run_worker"]
+
