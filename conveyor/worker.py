@@ -236,11 +236,14 @@ class Worker:
     async def _listen(self, store: Store) -> None:
         while True:
             try:
-                await store.wait_for_jobs(self.options.poll_interval)
+                cancelled = await store.wait_for_jobs(self.options.poll_interval)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 await asyncio.sleep(self.options.poll_interval)
+                continue
+            if cancelled:
+                self._on_beat(frozenset(), cancelled)
             self._wakeup.set()
 
     # -- running ------------------------------------------------------------------------

@@ -155,5 +155,10 @@ class Store(Protocol):
     async def set_paused(self, queue: str, paused: bool) -> None:
         """Pause or resume claiming from a queue."""
 
-    async def wait_for_jobs(self, timeout: float) -> None:
-        """Return when new work may be available, or after ``timeout`` seconds."""
+    async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
+        """Return when new work may be available, or after ``timeout`` seconds.
+
+        The result holds the ids of running jobs whose cancellation was requested
+        meanwhile, where the backend learns of them at once (PostgreSQL notifications);
+        other backends report cancel requests through :meth:`heartbeat` only.
+        """

@@ -592,18 +592,19 @@ class SQLiteStore:
 
     # -- wake-ups -----------------------------------------------------------------------
 
-    async def wait_for_jobs(self, timeout: float) -> None:
+    async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
         if self._watcher is None:
             self._start_watcher()
         wake = self._wake
         if wake is None:
             await asyncio.sleep(timeout)
-            return
+            return frozenset()
         try:
             await asyncio.wait_for(wake.wait(), timeout)
         except TimeoutError:
             pass
         wake.clear()
+        return frozenset()
 
     def _start_watcher(self) -> None:
         loop = asyncio.get_running_loop()

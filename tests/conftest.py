@@ -1,0 +1,69 @@
+"""Shared fixtures: every behavioural test runs against a real SQLite file and a real
+PostgreSQL database created for it (and dropped afterwards)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import Conveyor
+
+POSTGRES_URL = os.environ.get(
+    "CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+BACKENDS = [b for b in os.environ.get("CONVEYOR_TEST_BACKENDS", "sqlite,postgres").split(",") if b]
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A new, uniquely named PostgreSQL database; dropped at the end of the test."""
+    psycopg = pytest.importorskip("psycopg")
+    name = f"conveyor_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        if os.environ.get("CI"):
+            raise RuntimeError(
+                f"PostgreSQL is unreachable at {POSTGRES_URL} ({exc}); start it or set "
+                "CONVEYOR_TEST_POSTGRES_URL"
+            ) from exc
+        pytest.skip(f"PostgreSQL unreachable at {POSTGRES_URL}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(POSTGRES_URL, name)
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A URL of a fresh database on the backend under test."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'conveyor.db'}"
+    if backend == "postgres":
+        return str(request.getfixturevalue("postgres_database"))
+    raise ValueError(f"unknown backend {backend!r} in CONVEYOR_TEST_BACKENDS")
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Conveyor]:
+    """An application on a fresh database, closed after the test."""
+    application = Conveyor(db_url)
+    yield application
+    await application.close()
