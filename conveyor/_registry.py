@@ -89,7 +89,7 @@ class JobType:
         try:
             data = model.model_dump(mode="json", exclude_unset=True)
             json.dumps(data, allow_nan=False)
-        except (pydantic.PydanticSerializationError, ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
             raise InvalidPayload(
                 self.name, f"the payload is not JSON-serialisable ({exc}); pass plain data"
             ) from None
@@ -104,6 +104,7 @@ class JobType:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
         arguments = {name: getattr(model, name) for name in type(model).model_fields}
         return arguments | dict(model.model_extra or {})
+
 
 def _check_json_text(job_type: str, value: object) -> None:
     """Refuse NUL characters and non-finite numbers, which databases cannot store faithfully."""
@@ -178,7 +179,9 @@ def _payload_model(fn: Handler, name: str) -> type[pydantic.BaseModel]:
     try:
         return pydantic.create_model(f"{name}_payload", __config__=config, **fields)
     except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
-        raise ConfigurationError(f"handler {name!r} has arguments pydantic cannot check: {exc}")
+        raise ConfigurationError(
+            f"handler {name!r} has arguments pydantic cannot check: {exc}"
+        ) from None
 
 
 class Registry:

@@ -235,7 +235,7 @@ class Conveyor:
             except ValueError as exc:
                 raise ConfigurationError(f"backoff: {exc}") from None
             options = JobOptions(
-                name=name or getattr(handler, "__name__", ""),
+                name=name or str(getattr(handler, "__name__", "")),
                 queue=queue,
                 max_attempts=max_attempts,
                 timeout=optional_seconds(timeout, "timeout"),
@@ -337,12 +337,12 @@ class Conveyor:
         handles = []
         for new, submitted in zip(new_jobs, results, strict=True):
             job = submitted.job
-            if not submitted.created and job.id == new.id:
-                if job.type != new.type or job.payload != new.payload:
-                    raise IdempotencyConflict(
-                        f"job {new.id!r} exists with another type or payload; "
-                        "use a new id for a different job"
-                    )
+            same_id = not submitted.created and job.id == new.id
+            if same_id and (job.type != new.type or job.payload != new.payload):
+                raise IdempotencyConflict(
+                    f"job {new.id!r} exists with another type or payload; "
+                    "use a new id for a different job"
+                )
             handles.append(JobHandle(self, job))
         return handles
 

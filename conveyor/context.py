@@ -20,7 +20,7 @@ from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import LeaseLost
 
 
-class Retry(Exception):  # noqa: N818 - it is an instruction, not an error
+class Retry(Exception):
     """Raise from a handler to retry the job after a chosen delay (counts as an attempt)."""
 
     def __init__(self, after: Duration = 0, reason: str = "retry requested") -> None:
@@ -29,7 +29,7 @@ class Retry(Exception):  # noqa: N818 - it is an instruction, not an error
         self.reason = reason
 
 
-class Cancel(Exception):  # noqa: N818 - it is an instruction, not an error
+class Cancel(Exception):
     """Raise from a handler to end the job as ``cancelled`` without further attempts."""
 
     def __init__(self, reason: str = "cancelled by its handler") -> None:
@@ -84,9 +84,13 @@ class JobContext:
     def payload(self) -> dict[str, JSON]:
         return self.job.payload
 
-    def progress(self, done: float, total: float | None = None, message: str | None = None) -> _Done:
+    def progress(
+        self, done: float, total: float | None = None, message: str | None = None
+    ) -> _Done:
         """Record progress; written with the next heartbeat. Await it or not, as you like."""
-        self._report_progress(Progress(float(done), None if total is None else float(total), message))
+        self._report_progress(
+            Progress(float(done), None if total is None else float(total), message)
+        )
         return _DONE
 
     async def checkpoint(self, state: JSON) -> None:

@@ -21,6 +21,7 @@ attempt. A handler that ignores cancellation for ``cancel_grace`` seconds is aba
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -218,9 +219,9 @@ class Worker:
                     self._start(job)
                 if len(claimed) == free:
                     continue  # more may be due; claim again as soon as slots free
-                if not claimed and self.options.burst and self._active == 0:
-                    if not self._outbox and not self._runs:
-                        return
+                idle = self._active == 0 and not self._outbox and not self._runs
+                if not claimed and self.options.burst and idle:
+                    return
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), self.options.poll_interval)
@@ -259,7 +260,6 @@ class Worker:
         run.task = asyncio.create_task(self._execute(run), name=f"conveyor-job-{job.id}")
 
     async def _execute(self, run: _Run) -> None:
-        job = run.job
         loop = asyncio.get_running_loop()
         settlement: Settlement | None
         try:
@@ -277,9 +277,9 @@ class Worker:
             return  # abandoned: the job was already settled without this run's result
         if run.interrupt is _Interrupt.LOST:
             settlement = None
-        elif run.interrupt is not None and (settlement is None or settlement.outcome in (
-            Outcome.SUCCEEDED, Outcome.FAILED
-        )):
+        elif run.interrupt is not None and (
+            settlement is None or settlement.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+        ):
             # The handler swallowed the interruption and returned or failed: the
             # interruption still decides, so a timed-out job is never marked succeeded.
             settlement = self._interrupted(run)
@@ -351,7 +351,12 @@ class Worker:
         return self._settlement(run, Event.SUCCEED, Outcome.SUCCEEDED, result=result)
 
     def _settlement(
-        self, run: _Run, event: Event, outcome: Outcome | None, *, result: JSON = None,
+        self,
+        run: _Run,
+        event: Event,
+        outcome: Outcome | None,
+        *,
+        result: JSON = None,
         error: str | None = None,
     ) -> Settlement:
         return Settlement(
@@ -400,15 +405,14 @@ class Worker:
 
     def _interrupt(self, run: _Run, kind: _Interrupt, reason: str) -> None:
         """Stop a run: cancel an async handler, flag a sync one, abandon it after a grace."""
-        if run.done or run.interrupt is not None and kind is not _Interrupt.LOST:
+        if run.done or (run.interrupt is not None and kind is not _Interrupt.LOST):
             return
         run.interrupt = kind
         run.reason = reason
         if run.ctx is not None:
             run.ctx._mark_cancelled(reason)
-        if run.task is not None and run.is_async:
-            run.task.cancel()
-        elif run.task is not None and kind is _Interrupt.LOST:
+        # A sync handler's thread cannot be interrupted: it sees ctx.cancelled instead.
+        if run.task is not None and (run.is_async or kind is _Interrupt.LOST):
             run.task.cancel()
         if kind is not _Interrupt.LOST and self._loop is not None:
             self._loop.call_later(self.options.cancel_grace, self._abandon, run)
@@ -417,7 +421,9 @@ class Worker:
         if run.done:
             return
         log.warning(
-            "job %s ignored %s for %.1fs: abandoned", run.job.id, run.reason,
+            "job %s ignored %s for %.1fs: abandoned",
+            run.job.id,
+            run.reason,
             self.options.cancel_grace,
         )
         self._finish(run, self._interrupted(run))
@@ -430,6 +436,10 @@ class Worker:
             self._release(run)
             log.warning("job %s: lease lost, result dropped", run.job.id)
         else:
+            with self._lock:
+                progress = self._progress.pop(run.key, None)
+            if progress is not None:
+                settlement = dataclasses.replace(settlement, progress=progress)
             self._outbox.append((run, settlement))
             self._settle_ready.set()
         if self._active == 0:
@@ -493,9 +503,7 @@ class Worker:
 
     async def _drain(self) -> None:
         if self._active:
-            log.info(
-                "waiting up to %.1fs for %d running jobs", self.options.grace, self._active
-            )
+            log.info("waiting up to %.1fs for %d running jobs", self.options.grace, self._active)
             try:
                 await asyncio.wait_for(self._idle.wait(), self.options.grace)
             except TimeoutError:
@@ -638,4 +646,3 @@ def run_worker(app: Conveyor, options: WorkerOptions) -> None:
 
 
 __all__ = ["Worker", "WorkerOptions", "run_worker"]
-

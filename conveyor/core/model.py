@@ -142,6 +142,7 @@ class Settlement:
     error: str | None = None
     traceback: str | None = None
     retry_delay: float = 0.0  # seconds from the store's now, when status is queued
+    progress: Progress | None = None  # the last progress not yet written by a heartbeat
 
 
 def after_failure(

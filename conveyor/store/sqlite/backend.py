@@ -468,6 +468,9 @@ class SQLiteStore:
                     "error": s.error,
                     "retry_delay": s.retry_delay,
                     "refund": 1 if s.outcome is None else 0,
+                    "progress_done": s.progress.done if s.progress else None,
+                    "progress_total": s.progress.total if s.progress else None,
+                    "progress_message": s.progress.message if s.progress else None,
                     "now": now,
                 },
             ))

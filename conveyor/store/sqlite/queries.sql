@@ -79,6 +79,10 @@ SET status = :status,
     run_at = CASE WHEN :status = 'queued' THEN :now + :retry_delay ELSE run_at END,
     finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
     attempt = attempt - :refund,
+    progress_done = coalesce(:progress_done, progress_done),
+    progress_total = CASE WHEN :progress_done IS NULL THEN progress_total ELSE :progress_total END,
+    progress_message = CASE WHEN :progress_done IS NULL THEN progress_message
+                            ELSE :progress_message END,
     lease_expires_at = NULL
 WHERE id = :id AND lease_token = :token AND status = 'running'
 RETURNING id, attempt, lease_owner, started_at;

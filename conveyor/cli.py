@@ -1,0 +1,632 @@
+"""The ``conveyor`` command line.
+
+Settings come from flags, then ``CONVEYOR_*`` environment variables (``CONVEYOR_APP``,
+``CONVEYOR_DATABASE_URL``). ``APP`` is ``module:attribute`` naming a
+:class:`~conveyor.Conveyor`.
+
+Exit codes: 0 success; 1 the job ended failed or cancelled (``submit --wait``) or a
+job action was refused; 2 usage or configuration error; 3 job not found; 4 database
+unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from conveyor.client import Conveyor, JobHandle
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import Job
+from conveyor.errors import (
+    ConfigurationError,
+    ConveyorError,
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidPayload,
+    JobNotFound,
+    UnknownJobType,
+)
+from conveyor.worker import Worker, WorkerOptions
+
+T = TypeVar("T")
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 4
+
+_STATUS_STYLE = {
+    "pending": "magenta",
+    "queued": "cyan",
+    "running": "yellow",
+    "waiting": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "bright_black",
+}
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine, turning conveyor's errors into messages and exit codes."""
+    try:
+        return asyncio.run(coro)
+    except JobNotFound as exc:
+        _fail(str(exc), EXIT_NOT_FOUND)
+    except DatabaseUnavailable as exc:
+        _fail(str(exc), EXIT_UNAVAILABLE)
+    except (ConfigurationError, UnknownJobType, InvalidPayload, IdempotencyConflict) as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except ConveyorError as exc:
+        _fail(str(exc), EXIT_JOB_FAILED)
+
+
+def load_app(spec: str) -> Conveyor:
+    """Import ``module:attribute`` and return the Conveyor it names."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(
+            f"{spec!r} is not of the form module:attribute (e.g. myproject.jobs:app)",
+            param_hint="APP",
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise click.BadParameter(
+            f"cannot import module {module_name!r} ({exc}); run from the folder that "
+            "contains it or add it to PYTHONPATH",
+            param_hint="APP",
+        ) from None
+    except ConveyorError as exc:
+        _fail(f"importing {module_name!r} failed: {exc}", EXIT_USAGE)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, Conveyor):
+        raise click.BadParameter(
+            f"{spec!r} is {type(app).__name__}, not a conveyor.Conveyor", param_hint="APP"
+        )
+    return app
+
+
+def _app_from(app_spec: str | None, database_url: str | None) -> Conveyor:
+    try:
+        if app_spec:
+            app = load_app(app_spec)
+            if database_url and database_url != app.url:
+                app.url = database_url
+            return app
+        return Conveyor(database_url)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
+_app_option = click.option(
+    "--app",
+    "app_spec",
+    envvar="CONVEYOR_APP",
+    metavar="MODULE:ATTR",
+    help="Application whose job types to use (env CONVEYOR_APP).",
+)
+_url_option = click.option(
+    "--database-url",
+    envvar="CONVEYOR_DATABASE_URL",
+    metavar="URL",
+    help="Database URL (env CONVEYOR_DATABASE_URL); default sqlite:///conveyor.db.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--log-level",
+    default="INFO",
+    envvar="CONVEYOR_LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Log level (env CONVEYOR_LOG_LEVEL).",
+)
+@click.version_option(package_name="conveyor")
+def main(log_level: str) -> None:
+    """conveyor: durable background jobs on SQLite and PostgreSQL.
+
+    Exit codes: 0 success, 1 job failed or action refused, 2 usage or configuration
+    error, 3 job not found, 4 database unavailable.
+    """
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
+    )
+
+
+# -- worker ----------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
+@_url_option
+@click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--queues",
+    "-q",
+    default=None,
+    help="Comma-separated queues (default: those of the app's job types).",
+)
+@click.option("--lease", default=30.0, show_default=True, help="Lease length in seconds.")
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    help="Seconds running jobs get to finish on SIGTERM.",
+)
+@click.option(
+    "--cancel-grace",
+    default=5.0,
+    show_default=True,
+    help="Seconds a cancelled handler gets before it is abandoned.",
+)
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls when no wake-up arrives.",
+)
+@click.option(
+    "--rescue-interval",
+    default=5.0,
+    show_default=True,
+    help="Seconds between rescues of expired leases.",
+)
+@click.option("--burst", is_flag=True, help="Exit when no job is due.")
+def worker(
+    app_spec: str,
+    database_url: str | None,
+    concurrency: int,
+    queues: str | None,
+    lease: float,
+    grace: float,
+    cancel_grace: float,
+    poll_interval: float,
+    rescue_interval: float,
+    burst: bool,
+) -> None:
+    """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
+
+    The first signal stops claiming and lets running jobs finish within the grace
+    period, then hands the rest back as queued; a second signal stops at once (their
+    leases then expire and other workers rescue them).
+    """
+    app = _app_from(app_spec, database_url)
+    try:
+        options = WorkerOptions(
+            concurrency=concurrency,
+            queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
+            lease=lease,
+            grace=grace,
+            cancel_grace=cancel_grace,
+            poll_interval=poll_interval,
+            rescue_interval=rescue_interval,
+            burst=burst,
+        )
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    _run(_run_worker(app.worker(options)))
+
+
+async def _run_worker(w: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            w.stop()
+        else:
+            err_console.print(
+                f"{signal.Signals(signum).name} again: stopping now; running jobs will be "
+                "rescued when their leases expire"
+            )
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await w.run()
+
+
+# -- migrate ---------------------------------------------------------------------------
+
+
+@main.command()
+@_app_option
+@_url_option
+def migrate(app_spec: str | None, database_url: str | None) -> None:
+    """Create or upgrade conveyor's tables."""
+    app = _app_from(app_spec, database_url)
+    applied = _run(app.migrate())
+    if applied:
+        console.print(f"applied {len(applied)} migration(s): {', '.join(applied)}")
+    else:
+        console.print("database is up to date")
+
+
+# -- submit ----------------------------------------------------------------------------
+
+
+def _parse_payload(text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            """write e.g. '{"to": "a@b.c"}'""",
+            param_hint="--payload",
+        ) from None
+    if not isinstance(payload, dict):
+        raise click.BadParameter(
+            "must be a JSON object of keyword arguments, e.g. '{\"n\": 3}'",
+            param_hint="--payload",
+        )
+    return payload
+
+
+@main.command()
+@click.argument("job_type", metavar="TYPE")
+@click.option("--payload", "-p", default="{}", help="JSON object of keyword arguments.")
+@_app_option
+@_url_option
+@click.option("--id", "job_id", default=None, help="Client id (idempotent).")
+@click.option("--queue", default=None, help="Queue (default: the type's).")
+@click.option("--priority", type=int, default=None, help="Lower runs first.")
+@click.option("--delay", default=None, help="Run after a delay such as 30s or 5m.")
+@click.option("--wait", is_flag=True, help="Wait for the job to end, with a progress bar.")
+@click.option(
+    "--timeout",
+    "wait_timeout",
+    type=float,
+    default=None,
+    help="With --wait: give up after this many seconds.",
+)
+def submit(
+    job_type: str,
+    payload: str,
+    app_spec: str | None,
+    database_url: str | None,
+    job_id: str | None,
+    queue: str | None,
+    priority: int | None,
+    delay: str | None,
+    wait: bool,
+    wait_timeout: float | None,
+) -> None:
+    """Submit a job of TYPE; the payload is checked against the handler's signature."""
+    if not app_spec:
+        _fail(
+            "submit needs the application to check the payload: pass --app module:attr "
+            "or set CONVEYOR_APP",
+            EXIT_USAGE,
+        )
+    app = _app_from(app_spec, database_url)
+    data = _parse_payload(payload)
+
+    async def go() -> JobHandle:
+        job = await app.submit(
+            job_type, data, id=job_id, queue=queue, priority=priority, delay=delay
+        )
+        console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
+        if wait:
+            await _follow(job, wait_timeout)
+        return job
+
+    job = _run(go())
+    if wait:
+        _print_job(job, attempts=None)
+        if job.status is not Status.SUCCEEDED:
+            sys.exit(EXIT_JOB_FAILED)
+
+
+async def _follow(job: JobHandle, timeout: float | None) -> None:
+    """Poll a job until it is terminal, drawing its progress as a bar with rate and ETA."""
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[message]}"),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(job.status.value, total=None, message="")
+        try:
+            async with asyncio.timeout(timeout):
+                while not (await job.refresh()).terminal:
+                    p = job.progress
+                    bar.update(
+                        task,
+                        description=job.status.value,
+                        completed=p.done if p else 0,
+                        total=p.total if p and p.total else None,
+                        message=(p.message or "") if p else "",
+                    )
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            _fail(f"job {job.id} still {job.status.value} after {timeout}s", EXIT_JOB_FAILED)
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+
+@main.group()
+def jobs() -> None:
+    """List, show and cancel jobs."""
+
+
+@jobs.command("list")
+@_app_option
+@_url_option
+@click.option("--status", "-s", multiple=True, help="Filter by status (repeatable).")
+@click.option("--type", "job_type", default=None, help="Filter by job type.")
+@click.option("--queue", default=None, help="Filter by queue.")
+@click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+def jobs_list(
+    app_spec: str | None,
+    database_url: str | None,
+    status: tuple[str, ...],
+    job_type: str | None,
+    queue: str | None,
+    limit: int,
+) -> None:
+    """List jobs, newest first."""
+    known = {s.value for s in Status}
+    for s in status:
+        if s not in known:
+            raise click.BadParameter(
+                f"unknown status {s!r}; use one of {', '.join(sorted(known))}",
+                param_hint="--status",
+            )
+    app = _app_from(app_spec, database_url)
+    found = _run(app.list_jobs(status=status, type=job_type, queue=queue, limit=limit))
+    console.print(_jobs_table(found, title=f"{len(found)} job(s)"))
+
+
+def _jobs_table(found: list[JobHandle], *, title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("id", "type", "queue", "status", "attempt", "progress", "result / error"):
+        table.add_column(column, overflow="fold")
+    for job in found:
+        r = job.record
+        progress = ""
+        if r.progress is not None:
+            p = r.progress
+            progress = f"{p.done:g}/{p.total:g}" if p.total else f"{p.done:g}"
+            if p.fraction is not None:
+                progress += f" {p.fraction:.0%}"
+        outcome = r.error or "" if r.status is not Status.SUCCEEDED else json.dumps(r.result)
+        status_text = _status_text(r)
+        table.add_row(
+            r.id,
+            r.type,
+            r.queue,
+            f"[{_STATUS_STYLE[r.status.value]}]{status_text}[/]",
+            f"{r.attempt}/{r.max_attempts}",
+            progress,
+            (outcome or "")[:80],
+        )
+    return table
+
+
+def _status_text(r: Job) -> str:
+    """The status as the dashboard shows it: a queued job due later is scheduled or retrying."""
+    if r.status is Status.QUEUED and r.run_at > datetime.now(UTC):
+        return "retrying" if r.attempt > 0 else "scheduled"
+    return r.status.value
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@_app_option
+@_url_option
+def jobs_show(job_id: str, app_spec: str | None, database_url: str | None) -> None:
+    """Show one job with its attempts."""
+    app = _app_from(app_spec, database_url)
+
+    async def go() -> tuple[JobHandle, list[Any]]:
+        job = await app.get(job_id)
+        return job, await job.attempts()
+
+    job, attempts = _run(go())
+    _print_job(job, attempts)
+
+
+def _print_job(job: JobHandle, attempts: list[Any] | None) -> None:
+    r = job.record
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows: list[tuple[str, str]] = [
+        ("id", r.id),
+        ("type", r.type),
+        ("queue", r.queue),
+        ("status", f"[{_STATUS_STYLE[r.status.value]}]{r.status.value}[/]"),
+        ("attempt", f"{r.attempt} of {r.max_attempts}"),
+        ("payload", json.dumps(r.payload)),
+        ("created", r.created_at.isoformat()),
+        ("run at", r.run_at.isoformat()),
+    ]
+    if r.started_at:
+        rows.append(("started", r.started_at.isoformat()))
+    if r.finished_at:
+        rows.append(("finished", r.finished_at.isoformat()))
+    if r.progress:
+        p = r.progress
+        bar = ""
+        if p.fraction is not None:
+            filled = int(p.fraction * 30)
+            bar = (
+                f"[green]{'█' * filled}[/][bright_black]{'░' * (30 - filled)}[/] {p.fraction:.0%} "
+            )
+        rows.append(("progress", f"{bar}{p.done:g}/{p.total or 0:g} {p.message or ''}"))
+    if r.state is not None:
+        rows.append(("state", json.dumps(r.state)))
+    if r.status is Status.SUCCEEDED:
+        rows.append(("result", json.dumps(r.result)))
+    if r.error:
+        rows.append(("error", r.error))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if attempts:
+        history = Table(title="attempts", title_justify="left")
+        for column in ("#", "worker", "started", "finished", "outcome", "error"):
+            history.add_column(column, overflow="fold")
+        for a in attempts:
+            history.add_row(
+                str(a.number),
+                a.worker_id or "",
+                a.started_at.isoformat() if a.started_at else "",
+                a.finished_at.isoformat() if a.finished_at else "",
+                a.outcome.value,
+                (a.error or "")[:100],
+            )
+        console.print(history)
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@_app_option
+@_url_option
+def jobs_cancel(job_id: str, app_spec: str | None, database_url: str | None) -> None:
+    """Cancel a job (a running one is asked to stop)."""
+    app = _app_from(app_spec, database_url)
+    job = _run(app.cancel(job_id))
+    if job.status is Status.CANCELLED:
+        console.print(f"job {job.id} cancelled")
+    elif job.status is Status.RUNNING:
+        console.print(f"job {job.id} is running: its worker was asked to stop it")
+    else:
+        _fail(f"job {job.id} is already {job.status.value}", EXIT_JOB_FAILED)
+
+
+# -- status ----------------------------------------------------------------------------
+
+
+@main.command()
+@_app_option
+@_url_option
+def status(app_spec: str | None, database_url: str | None) -> None:
+    """Show queues and workers as tables."""
+    app = _app_from(app_spec, database_url)
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        return await app.queues(), await app.workers()
+
+    queues, workers = _run(go())
+    qt = Table(title="queues", title_justify="left")
+    qt.add_column("queue")
+    qt.add_column("paused")
+    for s in Status:
+        qt.add_column(s.value, justify="right")
+    for q in queues:
+        qt.add_row(
+            q.name, "yes" if q.paused else "", *(str(q.counts.get(s.value, 0)) for s in Status)
+        )
+    console.print(qt)
+    wt = Table(title="workers", title_justify="left")
+    for column in ("id", "host", "pid", "queues", "concurrency", "last heartbeat", "state"):
+        wt.add_column(column)
+    for w in workers:
+        wt.add_row(
+            w.id,
+            w.hostname,
+            str(w.pid),
+            ",".join(w.queues),
+            str(w.concurrency),
+            w.heartbeat_at.isoformat() if w.heartbeat_at else "",
+            "stopped" if w.stopped_at else "running",
+        )
+    console.print(wt)
+
+
+# -- demo ------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("app_spec", metavar="APP", default="examples.app:app")
+@click.option("--concurrency", default=4, show_default=True)
+def demo(app_spec: str, concurrency: int) -> None:
+    """Submit APP's demo jobs and watch a worker run them, live.
+
+    APP's module provides the jobs through a function ``seed(app)`` that submits them
+    (sync or async). The demo ends when every job it submitted has ended.
+    """
+    app = load_app(app_spec)
+    module = sys.modules[app_spec.partition(":")[0]]
+    seed: Callable[[Conveyor], Any] | None = getattr(module, "seed", None)
+    if seed is None:
+        _fail(f"{app_spec} has no seed(app) function that submits demo jobs", EXIT_USAGE)
+    _run(_demo(app, seed, concurrency))
+
+
+async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int) -> None:
+    submitted = seed(app)
+    if inspect.isawaitable(submitted):
+        submitted = await submitted
+    ids = [j.id for j in submitted]
+    worker_ = app.worker(
+        WorkerOptions(concurrency=concurrency, poll_interval=0.2, rescue_interval=1.0)
+    )
+    running = asyncio.create_task(worker_.run())
+    try:
+        with Live(console=console, refresh_per_second=8) as live:
+            while True:
+                handles = [await app.get(i) for i in ids]
+                live.update(_jobs_table(handles, title="conveyor demo: jobs moving"))
+                if all(h.terminal for h in handles) or running.done():
+                    break
+                await asyncio.sleep(0.25)
+    finally:
+        worker_.stop()
+        await running
+    counts: dict[str, int] = {}
+    for h in handles:
+        counts[h.status.value] = counts.get(h.status.value, 0) + 1
+    console.print(
+        "done: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f". Inspect one with: conveyor jobs show {ids[0]} --database-url {app.url}"
+    )
+
+
+if __name__ == "__main__":
+    main()
