@@ -4,51 +4,58 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import fnmatch
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
 
+import psycopg
 from rich.console import Console
 
 from bench import runner
-from bench.databases import open_scratch
+from bench.databases import POSTGRES_URL_ENV, open_scratch
 from bench.workloads import BACKENDS, PROFILES, REGISTRY, Workload
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen workloads and report them."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     console = Console()
     if args.list:
         for workload in REGISTRY.values():
-            console.print(f"[bold]{workload.name}[/]  {workload.description}")
+            console.print(f"[bold]{workload.name:<24}[/] {workload.description}")
         return 0
     if args.backend is None:
-        console.print("[red]--backend is required[/]")
-        return 2
-
+        parser.error("--backend is required")
     try:
         workloads = _select(args.only)
     except ValueError as error:
-        console.print(f"[red]{error}[/]")
-        return 2
+        parser.error(str(error))
     profile = "full" if args.full else "quick"
     sizes = PROFILES[profile]
     if args.runs is not None:
         sizes = dataclasses.replace(sizes, runs=args.runs)
+    json_path = args.json or _default_json_path(args.backend, profile)
 
     # Turn SIGTERM into SystemExit so that the scratch databases are still dropped.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     progress = Console(stderr=True)
-    with open_scratch(args.backend) as scratch:
-        info = runner.machine_info(scratch)
-        results = runner.run_workloads(args.backend, workloads, sizes, scratch, progress)
+    try:
+        with open_scratch(args.backend) as scratch:
+            info = runner.machine_info(scratch)
+            results = runner.run_workloads(args.backend, workloads, sizes, scratch, progress)
+    except psycopg.OperationalError as error:
+        progress.print(f"[red]PostgreSQL: {error}[/]")
+        progress.print(
+            f"Point {POSTGRES_URL_ENV} at a server the benchmark may create databases on."
+        )
+        return 1
     console.print(runner.render_table(args.backend, profile, results, info))
-    if args.json is not None:
-        runner.write_json(args.json, runner.report(args.backend, profile, sizes, results, info))
-        progress.print(f"wrote {args.json}")
+    runner.write_json(json_path, runner.report(args.backend, profile, sizes, results, info))
+    progress.print(f"wrote {json_path}")
     return 0
 
 
@@ -62,9 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes, 3 runs (the default)")
     size.add_argument("--full", action="store_true", help="full sizes, 5 runs")
-    parser.add_argument("--runs", type=_at_least_three, help="override the number of runs (3 or more)")
-    parser.add_argument("--only", metavar="WORKLOAD,...", help="comma-separated names or shell patterns")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument(
+        "--runs", type=_at_least_three, help="override the number of runs (3 or more)"
+    )
+    parser.add_argument(
+        "--only", metavar="WORKLOAD,...", help="comma-separated names or shell patterns"
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the JSON report to PATH (default: bench/results/)",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     return parser
 
@@ -77,7 +93,15 @@ def _select(only: str | None) -> list[Workload]:
     for pattern in patterns:
         if not fnmatch.filter(REGISTRY, pattern):
             raise ValueError(f"no workload matches {pattern!r}; see --list")
-    return [w for name, w in REGISTRY.items() if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+    return [
+        w for name, w in REGISTRY.items() if any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    ]
+
+
+def _default_json_path(backend: str, profile: str) -> Path:
+    """Return ``bench/results/<backend>-<profile>-<UTC time>.json``."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path(__file__).parent / "results" / f"{backend}-{profile}-{stamp}.json"
 
 
 def _at_least_three(text: str) -> int:

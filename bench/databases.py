@@ -98,7 +98,13 @@ class PostgresScratch(Scratch):
             self._drop(name)
 
     def describe(self) -> dict[str, str]:
-        settings = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
+        settings = (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+        )
         info = {}
         for setting in settings:
             row = self._admin.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
@@ -114,7 +120,9 @@ class PostgresScratch(Scratch):
 
     def _drop(self, name: str) -> None:
         # FORCE ends connections a crashed or interrupted worker process may have left behind.
-        self._admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        self._admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         if name in self._created:
             self._created.remove(name)
 

@@ -71,7 +71,9 @@ def run_workloads(
             with scratch.fresh() as url:
                 metrics = workload.run(backend, url, sizes)
             result.runs.append(metrics)
-            progress.print(f"[dim]{workload.name} run {number}/{sizes.runs}:[/] {_describe(metrics)}")
+            progress.print(
+                f"[dim]{workload.name} run {number}/{sizes.runs}:[/] {_describe(metrics)}"
+            )
         results.append(result)
     return results
 
@@ -79,7 +81,7 @@ def run_workloads(
 def machine_info(scratch: Scratch) -> dict[str, Any]:
     """Describe the machine, interpreter, drivers and database the figures come from."""
     info: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "cpu": _cpu_model(),
         "platform": platform.platform(),
@@ -93,7 +95,9 @@ def machine_info(scratch: Scratch) -> dict[str, Any]:
     return info
 
 
-def render_table(backend: str, profile: str, results: list[WorkloadResult], info: dict[str, Any]) -> Table:
+def render_table(
+    backend: str, profile: str, results: list[WorkloadResult], info: dict[str, Any]
+) -> Table:
     """Build the rich table of medians and ranges."""
     table = Table(title=f"conveyor bench: {backend}, {profile}")
     table.add_column("workload")

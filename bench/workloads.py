@@ -35,8 +35,22 @@ class Sizes:
 
 
 PROFILES = {
-    "quick": Sizes(runs=3, enqueue_jobs=1_000, bulk_jobs=20_000, bulk_batch=1_000, drain_jobs=10_000, drain_batch=100),
-    "full": Sizes(runs=5, enqueue_jobs=5_000, bulk_jobs=100_000, bulk_batch=1_000, drain_jobs=20_000, drain_batch=100),
+    "quick": Sizes(
+        runs=3,
+        enqueue_jobs=1_000,
+        bulk_jobs=20_000,
+        bulk_batch=1_000,
+        drain_jobs=20_000,
+        drain_batch=100,
+    ),
+    "full": Sizes(
+        runs=5,
+        enqueue_jobs=5_000,
+        bulk_jobs=100_000,
+        bulk_batch=1_000,
+        drain_jobs=20_000,
+        drain_batch=100,
+    ),
 }
 
 Metrics = dict[str, float]
@@ -88,14 +102,14 @@ def floor_enqueue_bulk(backend: str, url: str, sizes: Sizes) -> Metrics:
     return throughput(sizes.bulk_jobs, seconds)
 
 
-@workload("floor_drain_1conn", "raw claim+complete of pre-inserted jobs, batch drain_batch, 1 connection")
+@workload("floor_drain_1conn", "raw claim+complete, drain_batch per claim, 1 connection")
 def floor_drain_1conn(backend: str, url: str, sizes: Sizes) -> Metrics:
     """Drain floor with one worker connection."""
     seconds = floor.drain(backend, url, sizes.drain_jobs, sizes.drain_batch, processes=1)
     return throughput(sizes.drain_jobs, seconds)
 
 
-@workload("floor_drain_4conn", "raw claim+complete of pre-inserted jobs, batch drain_batch, 4 processes")
+@workload("floor_drain_4conn", "raw claim+complete, drain_batch per claim, 4 processes")
 def floor_drain_4conn(backend: str, url: str, sizes: Sizes) -> Metrics:
     """Drain floor with four worker processes, one connection each."""
     seconds = floor.drain(backend, url, sizes.drain_jobs, sizes.drain_batch, processes=4)
