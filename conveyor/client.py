@@ -281,11 +281,6 @@ class Conveyor:
         """Apply pending migrations; return the names applied."""
         store = create_store(self.url, clock=self.clock, migrate=False)
         try:
-            await store.open()
-        except ConfigurationError as exc:
-            if "needs migrations" not in str(exc):
-                raise
-        try:
             return await store.migrate()
         finally:
             await store.close()

@@ -235,7 +235,9 @@ class Worker:
             pass
 
     async def _listen(self, store: Store) -> None:
-        while True:
+        # Loop on a flag, not only on cancellation: asyncio.wait_for in Python 3.11 can
+        # swallow a cancel that arrives as its inner wait completes.
+        while not self._maintenance_stop.is_set():
             try:
                 cancelled = await store.wait_for_jobs(self.options.poll_interval)
             except asyncio.CancelledError:
@@ -275,13 +277,9 @@ class Worker:
                 run.timer.cancel()
         if run.done:
             return  # abandoned: the job was already settled without this run's result
-        if run.interrupt is _Interrupt.LOST:
-            settlement = None
-        elif run.interrupt is not None and (
-            settlement is None or settlement.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
-        ):
-            # The handler swallowed the interruption and returned or failed: the
-            # interruption still decides, so a timed-out job is never marked succeeded.
+        if run.interrupt is not None:
+            # However the handler ended, the interruption decides: a timed-out job that
+            # swallowed its cancellation is not marked succeeded, a lost one not at all.
             settlement = self._interrupted(run)
         self._finish(run, settlement)
 

@@ -96,7 +96,11 @@ class Store(Protocol):
         """Release connections and threads."""
 
     async def migrate(self) -> list[str]:
-        """Apply pending migrations; return the names of those applied."""
+        """Apply pending migrations; return the names of those applied.
+
+        May be called on a store that is not open: it connects first (and stays connected
+        until :meth:`close`).
+        """
 
     async def now(self) -> datetime:
         """Return the store's clock (the database's, where it has one)."""

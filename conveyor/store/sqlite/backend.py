@@ -221,11 +221,8 @@ class SQLiteStore:
     async def open(self) -> None:
         if self._executor is not None:
             return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
         try:
-            self._conn = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._connect
-            )
+            await self._connect_once()
             version = await self._run(self._schema_version)
             if version < len(_MIGRATIONS):
                 if not self._auto_migrate:
@@ -236,6 +233,15 @@ class SQLiteStore:
         except BaseException:
             await self.close()
             raise
+
+    async def _connect_once(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="conveyor-sqlite"
+            )
+            self._conn = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._connect
+            )
 
     async def close(self) -> None:
         self._watch_stop.set()
@@ -265,6 +271,9 @@ class SQLiteStore:
         return 0
 
     async def migrate(self) -> list[str]:
+        await self._connect_once()
+        await self._run(self._schema_version)  # refuses a database that is not conveyor's
+
         def apply(conn: sqlite3.Connection) -> list[str]:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS conveyor_migrations "
@@ -603,7 +612,8 @@ class SQLiteStore:
             await asyncio.sleep(timeout)
             return frozenset()
         try:
-            await asyncio.wait_for(wake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await wake.wait()
         except TimeoutError:
             pass
         wake.clear()

@@ -1,0 +1,801 @@
+"""PostgreSQL implementation of the store protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import JsonLoader
+from psycopg_pool import AsyncConnectionPool
+
+from conveyor.core.lifecycle import ACTIVE, Status
+from conveyor.core.model import (
+    JSON,
+    Attempt,
+    Job,
+    NewJob,
+    Outcome,
+    Progress,
+    Settlement,
+    after_failure,
+)
+from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
+from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store.protocol import (
+    Beat,
+    JobQuery,
+    Lease,
+    QueueInfo,
+    Rescued,
+    Submitted,
+    WorkerInfo,
+)
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[DictRow]
+
+log = logging.getLogger("conveyor.store.postgres")
+
+_Q = load_queries("conveyor.store.postgres")
+_MIGRATIONS = load_migrations("conveyor.store.postgres")
+
+JOB_READY_CHANNEL = "conveyor_job_ready"
+CANCEL_CHANNEL = "conveyor_cancel"
+
+# Connection settings applied unless the URL sets them: fail fast when the server is
+# unreachable, and notice a silently dead peer (a network partition) within ~30s.
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "application_name": "conveyor",
+}
+# How long an operation waits for a pooled connection. A restart of the server takes a
+# few seconds: operations made meanwhile wait for it rather than fail.
+_ACQUIRE_TIMEOUT = 5.0
+_POOL_MIN = 1
+_POOL_MAX = 10
+# A heartbeat is useless once it cannot finish well within the lease: give it half of the
+# margin the worker keeps before it stops a run whose lease it could not renew, so that a
+# hung database makes the heartbeat fail (and the worker self-fence) in time.
+_HEARTBEAT_MARGIN_FRACTION = 1 / 6
+_HEARTBEAT_MARGIN_CAP = 2.0
+# A unique key whose holder ends between our insert and our read-back is retried; more
+# than a few rounds would mean a bug, not a race.
+_SUBMIT_ROUNDS = 5
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _dumps(value: JSON) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _job(row: Mapping[str, Any]) -> Job:
+    done = row["progress_done"]
+    progress = (
+        None
+        if done is None
+        else Progress(done=done, total=row["progress_total"], message=row["progress_message"])
+    )
+    run_at = _utc(row["run_at"])
+    created_at = _utc(row["created_at"])
+    if run_at is None or created_at is None:
+        raise RuntimeError(f"job {row['id']!r} has no run_at or created_at")
+    return Job(
+        id=row["id"],
+        type=row["type"],
+        queue=row["queue"],
+        tenant=row["tenant"],
+        payload=row["payload"],
+        status=Status(row["status"]),
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        run_at=run_at,
+        created_at=created_at,
+        timeout=row["timeout"],
+        lease=row["lease_seconds"],
+        backoff_base=row["backoff_base"],
+        backoff_cap=row["backoff_cap"],
+        progress=progress,
+        state=row["state"],
+        result=row["result"],
+        result_ref=row["result_ref"],
+        error=row["error"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        depends_on=tuple(row["depends_on"] or ()),
+        unique_key=row["unique_key"],
+        concurrency_key=row["concurrency_key"],
+        retry_of=row["retry_of"],
+        started_at=_utc(row["started_at"]),
+        finished_at=_utc(row["finished_at"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=_utc(row["lease_expires_at"]),
+        lease_token=row["lease_token"],
+        cancel_requested=row["cancel_requested"],
+    )
+
+
+def _redact(url: str) -> str:
+    """Hide the password of a URL.
+
+    >>> _redact("postgresql://app:s3cret@db:5432/jobs")
+    'postgresql://app:***@db:5432/jobs'
+    """
+    return re.sub(r"(//[^/@:]*:)[^@/]*@", r"\1***@", url)
+
+
+def parse_postgres_url(url: str) -> dict[str, str]:
+    """Return the connection parameters of a ``postgresql://`` URL, or raise ConfigurationError.
+
+    >>> parse_postgres_url("postgresql://app@db.internal:6432/jobs")["port"]
+    '6432'
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be parsed"
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {_redact(url)!r} ({reason}): write "
+            "postgresql://user:password@host:5432/dbname"
+        ) from None
+    for port in str(params.get("port", "5432")).split(","):
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(
+                f"malformed PostgreSQL URL {_redact(url)!r}: port {port!r} is not a number "
+                "from 1 to 65535"
+            )
+    return {k: str(v) for k, v in params.items()}
+
+
+def _describe(params: Mapping[str, str]) -> str:
+    host = params.get("host") or params.get("hostaddr") or "localhost (default socket)"
+    port = params.get("port", "5432")
+    database = params.get("dbname") or params.get("user") or "(default)"
+    user = params.get("user") or "(current user)"
+    return f"PostgreSQL at {host}:{port} (database {database!r}, user {user!r})"
+
+
+def _reason(exc: BaseException) -> str:
+    """The server's or libpq's reason for a failure, on one line."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = re.sub(r"^connection failed: ", "", lines[0])
+    first = re.sub(r'^connection to server at "[^"]*"(, port \d+)? failed: ', "", first)
+    return first
+
+
+# -- submit, written once for conveyor's pool and for an application's connection -------
+
+_Step = tuple[str, dict[str, Any]]
+_SubmitSteps = Generator[_Step, list[dict[str, Any]], list[Submitted]]
+
+
+def _submit_params(jobs: Sequence[NewJob], now: datetime | None) -> dict[str, Any]:
+    return {
+        "now": now,
+        "id": [j.id for j in jobs],
+        "type": [j.type for j in jobs],
+        "queue": [j.queue for j in jobs],
+        "tenant": [j.tenant for j in jobs],
+        "payload": [json.dumps(j.payload, separators=(",", ":")) for j in jobs],
+        "status": [(Status.PENDING if j.depends_on else Status.QUEUED).value for j in jobs],
+        "priority": [j.priority for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "run_at": [_utc(j.run_at) for j in jobs],
+        "delay": [float(j.delay) for j in jobs],
+        "timeout": [j.timeout for j in jobs],
+        "lease_seconds": [j.lease for j in jobs],
+        "backoff_base": [float(j.backoff_base) for j in jobs],
+        "backoff_cap": [float(j.backoff_cap) for j in jobs],
+        "state": [_dumps(j.state) for j in jobs],
+        "parent_id": [j.parent_id for j in jobs],
+        "root_id": [j.root_id for j in jobs],
+        "depends_on": [json.dumps(list(j.depends_on)) if j.depends_on else None for j in jobs],
+        "unique_key": [j.unique_key for j in jobs],
+        "concurrency_key": [j.concurrency_key for j in jobs],
+        "retry_of": [j.retry_of for j in jobs],
+    }
+
+
+def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _SubmitSteps:
+    """Yield a submit's statements, receive their rows, and return what was submitted.
+
+    A generator, so that the same steps run on conveyor's pool, on an application's
+    async connection and on its sync one. The caller runs them in one transaction.
+    """
+    results: dict[int, Submitted] = {}
+    pending = list(range(len(jobs)))
+    for _ in range(_SUBMIT_ROUNDS):
+        inserted = yield _Q["submit"], _submit_params([jobs[i] for i in pending], now)
+        created = {row["id"]: row for row in inserted}
+        missing = []
+        for i in pending:
+            # pop: when an id repeats within the batch, only its first job is created.
+            row = created.pop(jobs[i].id, None)
+            if row is not None:
+                results[i] = Submitted(_job(row), created=True)
+            else:
+                missing.append(i)
+        if not missing:
+            break
+        existing = yield _Q["existing_jobs"], {
+            "ids": [jobs[i].id for i in missing],
+            "unique_keys": [jobs[i].unique_key for i in missing if jobs[i].unique_key],
+        }
+        by_id = {row["id"]: row for row in existing}
+        by_key = {
+            row["unique_key"]: row
+            for row in existing
+            if row["unique_key"] is not None and Status(row["status"]) in ACTIVE
+        }
+        pending = []
+        for i in missing:
+            job = jobs[i]
+            found = by_id.get(job.id)
+            if found is None and job.unique_key is not None:
+                found = by_key.get(job.unique_key)
+            if found is None:
+                pending.append(i)  # its key's holder ended meanwhile: insert it again
+            else:
+                results[i] = Submitted(_job(found), created=False)
+        if not pending:
+            break
+    else:
+        raise RuntimeError(f"jobs {[jobs[i].id for i in pending]} were neither inserted nor found")
+    return [results[i] for i in range(len(jobs))]
+
+
+def _standard_loaders(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> None:
+    """Read json and timestamptz the standard way on an application's connection.
+
+    Frameworks register their own loaders (Django reads json as text, and timestamps
+    naive when USE_TZ is off); the cursor's own adapters override them for our rows only.
+    """
+    cursor.adapters.register_loader("json", JsonLoader)
+    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+
+
+async def _submit_async(conn: psycopg.AsyncConnection[Any], steps: _SubmitSteps) -> list[Submitted]:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        _standard_loaders(cursor)
+        query, params = next(steps)
+        while True:
+            await cursor.execute(query, params)
+            rows = await cursor.fetchall()
+            try:
+                query, params = steps.send(rows)
+            except StopIteration as done:
+                result: list[Submitted] = done.value
+                return result
+
+
+def _submit_sync(conn: psycopg.Connection[Any], steps: _SubmitSteps) -> list[Submitted]:
+    def run() -> list[Submitted]:
+        with conn.cursor(row_factory=dict_row) as cursor:
+            _standard_loaders(cursor)
+            query, params = next(steps)
+            while True:
+                cursor.execute(query, params)
+                rows = cursor.fetchall()
+                try:
+                    query, params = steps.send(rows)
+                except StopIteration as done:
+                    result: list[Submitted] = done.value
+                    return result
+
+    if conn.autocommit:
+        with conn.transaction():
+            return run()
+    return run()
+
+
+class PostgresStore:
+    """A store on one PostgreSQL database, shared by any number of workers and clients.
+
+    Queries run on a pool of autocommit connections; ``wait_for_jobs`` keeps one more
+    connection of its own that LISTENs for wake-ups and cancel requests.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float] | None = None,
+        migrate: bool = True,
+        pool_size: int = _POOL_MAX,
+    ) -> None:
+        self.url = url
+        self._params = parse_postgres_url(url)
+        self._clock = clock
+        self._auto_migrate = migrate
+        if pool_size < 1:
+            raise ConfigurationError("pool_size must be at least 1")
+        self._pool_size = pool_size
+        self._kwargs: dict[str, Any] = {
+            k: v for k, v in _CONNECTION_DEFAULTS.items() if k not in self._params
+        }
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._checking: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._cancelled: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {_redact(self.url)}>"
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _now(self) -> datetime | None:
+        """The pinned time, or None: the queries then use the server's now()."""
+        return None if self._clock is None else datetime.fromtimestamp(self._clock(), UTC)
+
+    async def _connect(self) -> Connection:
+        """Open a connection of our own, or raise DatabaseUnavailable saying what to do."""
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, row_factory=dict_row, **self._kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to {_describe(self._params)}: {_reason(exc)}. Check that the "
+                "server is running and reachable from this machine, and the host, port, "
+                "database, user and password in the URL (CONVEYOR_DATABASE_URL)"
+            ) from None
+
+    async def _run(
+        self, work: Callable[[Connection], Awaitable[T]], *, timeout: float = _ACQUIRE_TIMEOUT
+    ) -> T:
+        """Run ``work`` on a pooled connection.
+
+        A connection that died while idle (the server restarted) fails its first
+        statement, before anything ran: the other idle connections are checked and the
+        work runs once more on a fresh one. Every operation is safe to repeat: writes are
+        fenced by lease tokens and submits are idempotent by id.
+        """
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the store is not open: call open() first")
+        for again in (False, True):
+            async with pool.connection(timeout=timeout) as conn:
+                try:
+                    return await work(conn)
+                except psycopg.OperationalError:
+                    if again or not conn.broken:
+                        raise
+            self._check_pool(pool)
+        raise AssertionError("not reached")
+
+    def _check_pool(self, pool: AsyncConnectionPool[Connection]) -> None:
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(
+                pool.check(), name="conveyor-postgres-check"
+            )
+
+    async def _transaction(
+        self, work: Callable[[Connection], Awaitable[T]], *, timeout: float = _ACQUIRE_TIMEOUT
+    ) -> T:
+        async def tx(conn: Connection) -> T:
+            async with conn.transaction():
+                return await work(conn)
+
+        return await self._run(tx, timeout=timeout)
+
+    async def _fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[DictRow]:
+        async def fetch(conn: Connection) -> list[DictRow]:
+            cursor = await conn.execute(_Q[name], params)
+            return await cursor.fetchall()
+
+        return await self._run(fetch)
+
+    async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
+        async def execute(conn: Connection) -> int:
+            return (await conn.execute(_Q[name], params)).rowcount
+
+        return await self._run(execute)
+
+    # -- opening and migrating ----------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        conn = await self._connect()
+        async with conn:
+            version = await self._schema_version(conn)
+        if version < len(_MIGRATIONS):
+            if not self._auto_migrate:
+                raise ConfigurationError(
+                    f"database {_describe(self._params)} needs migrations: run `conveyor migrate`"
+                )
+            await self.migrate()
+        elif version > len(_MIGRATIONS):
+            raise ConfigurationError(
+                f"database {_describe(self._params)} was migrated by a newer conveyor (schema "
+                f"version {version}, this one knows {len(_MIGRATIONS)}): upgrade conveyor"
+            )
+        pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            self.url,
+            connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={"autocommit": True, "row_factory": dict_row, **self._kwargs},
+            min_size=_POOL_MIN,
+            max_size=self._pool_size,
+            timeout=_ACQUIRE_TIMEOUT,
+            name="conveyor",
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)))
+        except psycopg.OperationalError as exc:
+            await pool.close()
+            raise DatabaseUnavailable(
+                f"cannot open a connection pool to {_describe(self._params)}: {_reason(exc)}"
+            ) from None
+        self._pool = pool
+
+    async def _schema_version(self, conn: Connection) -> int:
+        found = await (await conn.execute(_Q["schema_tables"])).fetchone()
+        if found is None or not found["migrations"]:
+            if found is not None and found["jobs"]:
+                raise NotAConveyorDatabase(
+                    f"database {_describe(self._params)} has a conveyor_jobs table that "
+                    "conveyor's migrations did not create: use another database or schema"
+                )
+            # Other tables are expected: conveyor usually shares the application's database.
+            return 0
+        row = await (await conn.execute(_Q["schema_version"])).fetchone()
+        return int(row["version"]) if row is not None else 0
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations on a connection of its own, under an advisory lock."""
+        conn = await self._connect()
+        async with conn:
+            await self._schema_version(conn)  # refuses a database that is not conveyor's
+            async with conn.transaction():
+                await conn.execute(_Q["lock_migrations"])
+                await conn.execute(_Q["create_migrations_table"])
+                rows = await (await conn.execute(_Q["applied_migrations"])).fetchall()
+                done = {row["version"] for row in rows}
+                applied = []
+                for version, name, sql in _MIGRATIONS:
+                    if version in done:
+                        continue
+                    await conn.execute(sql)
+                    await conn.execute(
+                        _Q["record_migration"],
+                        {"version": version, "name": name, "now": self._now()},
+                    )
+                    applied.append(name)
+        if applied:
+            log.info("applied migrations to %s: %s", _describe(self._params), ", ".join(applied))
+        return applied
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._listener, self._checking) if t is not None]
+        self._listener = self._checking = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def now(self) -> datetime:
+        pinned = self._now()
+        if pinned is not None:
+            return pinned
+        (row,) = await self._fetch("now")
+        now = _utc(row["now"])
+        if now is None:
+            raise RuntimeError("the database returned no time")
+        return now
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    async def submit(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> list[Submitted]:
+        """Insert jobs in one transaction, on conveyor's pool or on ``connection``.
+
+        With an application's psycopg connection the jobs are written in its transaction
+        and exist only if it commits: conveyor never commits or rolls back a connection it
+        did not open. An autocommit connection gets a transaction (or a savepoint inside
+        one already open) of its own.
+        """
+        if not jobs:
+            return []
+        if connection is None:
+
+            async def insert(conn: Connection) -> list[Submitted]:
+                # New steps for each try: a retry after a lost connection starts over.
+                return await _submit_async(conn, _submit_steps(jobs, self._now()))
+
+            return await self._transaction(insert)
+        steps = _submit_steps(jobs, self._now())
+        if isinstance(connection, psycopg.AsyncConnection):
+            if connection.autocommit:
+                async with connection.transaction():
+                    return await _submit_async(connection, steps)
+            return await _submit_async(connection, steps)
+        if isinstance(connection, psycopg.Connection):
+            # A blocking connection blocks: run it on a thread, its owner is waiting for us.
+            return await asyncio.to_thread(_submit_sync, connection, steps)
+        raise ConfigurationError(
+            "connection= takes a psycopg 3 connection (psycopg.AsyncConnection or "
+            f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
+            "its driver_connection, with Django django.db.connection.connection"
+        )
+
+    async def get(self, job_id: str) -> Job | None:
+        rows = await self._fetch("get", {"id": job_id})
+        return _job(rows[0]) if rows else None
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        params = {
+            "statuses": [s.value for s in query.status] if query.status else None,
+            "type": query.type,
+            "queue": query.queue,
+            "tenant": query.tenant,
+            "parent_id": query.parent_id,
+            "root_id": query.root_id,
+            "before_id": query.before_id,
+            "limit": query.limit,
+        }
+        return [_job(row) for row in await self._fetch("list_jobs", params)]
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        return [
+            Attempt(
+                job_id=row["job_id"],
+                number=row["number"],
+                worker_id=row["worker_id"],
+                started_at=_utc(row["started_at"]),
+                finished_at=_utc(row["finished_at"]),
+                outcome=Outcome(row["outcome"]),
+                error=row["error"],
+                traceback=row["traceback"],
+            )
+            for row in await self._fetch("attempts", {"job_id": job_id})
+        ]
+
+    # -- the worker's hot path ----------------------------------------------------------
+
+    async def claim(
+        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+    ) -> list[Job]:
+        params = {
+            "worker_id": worker_id,
+            "queues": list(queues),
+            "limit": limit,
+            "lease": float(lease),
+            "now": self._now(),
+        }
+        jobs = [_job(row) for row in await self._fetch("claim", params)]
+        # RETURNING does not keep the claim order; the worker starts jobs in this order.
+        return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
+
+    async def heartbeat(
+        self,
+        *,
+        worker_id: str,
+        leases: Sequence[Lease],
+        lease: float,
+        progress: Mapping[Lease, Progress],
+    ) -> Beat:
+        keys = list(dict.fromkeys([*leases, *progress]))
+        held = set(leases)
+        params = {
+            "worker_id": worker_id,
+            "lease": float(lease),
+            "now": self._now(),
+            "ids": [k.job_id for k in keys],
+            "tokens": [k.token for k in keys],
+            "renew": [k in held for k in keys],
+            "done": [float(progress[k].done) if k in progress else None for k in keys],
+            "total": [_float(progress[k].total) if k in progress else None for k in keys],
+            "message": [progress[k].message if k in progress else None for k in keys],
+        }
+        budget = max(0.05, min(lease * _HEARTBEAT_MARGIN_FRACTION, _HEARTBEAT_MARGIN_CAP) / 2)
+
+        async def beat(conn: Connection) -> list[DictRow]:
+            return await (await conn.execute(_Q["heartbeat"], params)).fetchall()
+
+        async with asyncio.timeout(budget):
+            rows = await self._run(beat, timeout=budget)
+        renewed = {row["id"]: bool(row["cancel_requested"]) for row in rows if row["renew"]}
+        return Beat(
+            lost=frozenset(x.job_id for x in leases if x.job_id not in renewed),
+            cancel_requested=frozenset(k for k, v in renewed.items() if v),
+        )
+
+    async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
+        if not settlements:
+            return []
+        return await self._run(lambda conn: self._settle(conn, settlements))
+
+    async def _settle(self, conn: Connection, settlements: Sequence[Settlement]) -> list[str]:
+        params = {
+            "now": self._now(),
+            "ids": [s.job_id for s in settlements],
+            "tokens": [s.token for s in settlements],
+            "statuses": [s.status.value for s in settlements],
+            "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
+            "results": [_dumps(s.result) for s in settlements],
+            "result_refs": [s.result_ref for s in settlements],
+            "errors": [s.error for s in settlements],
+            "tracebacks": [s.traceback for s in settlements],
+            "retry_delays": [float(s.retry_delay) for s in settlements],
+            "done": [float(s.progress.done) if s.progress else None for s in settlements],
+            "total": [_float(s.progress.total) if s.progress else None for s in settlements],
+            "message": [s.progress.message if s.progress else None for s in settlements],
+        }
+        rows = await (await conn.execute(_Q["settle"], params)).fetchall()
+        settled = {row["id"] for row in rows}
+        return [s.job_id for s in settlements if s.job_id not in settled]
+
+    async def checkpoint(self, lease: Lease, state: JSON) -> bool:
+        params = {"id": lease.job_id, "token": lease.token, "state": _dumps(state)}
+        return await self._execute("checkpoint", params) == 1
+
+    async def rescue(self, *, limit: int, jitter: float) -> list[Rescued]:
+        async def rescue(conn: Connection) -> list[Rescued]:
+            params = {"now": self._now(), "limit": limit}
+            rows = await (await conn.execute(_Q["rescue"], params)).fetchall()
+            if not rows:
+                return []
+            decisions = [
+                after_failure(
+                    job_id=r["id"],
+                    token=r["lease_token"],
+                    attempt=r["attempt"],
+                    max_attempts=r["max_attempts"],
+                    outcome=Outcome.LOST,
+                    error=f"lease expired: worker {r['lease_owner']} stopped heartbeating",
+                    backoff_base=r["backoff_base"],
+                    backoff_cap=r["backoff_cap"],
+                    jitter=jitter,
+                )
+                for r in rows
+            ]
+            refused = set(await self._settle(conn, decisions))
+            owners = {r["id"]: r["lease_owner"] for r in rows}
+            return [
+                Rescued(job_id=d.job_id, worker_id=owners[d.job_id], status=d.status)
+                for d in decisions
+                if d.job_id not in refused
+            ]
+
+        return await self._transaction(rescue)
+
+    async def cancel(self, job_id: str, *, reason: str) -> Job | None:
+        params = {"id": job_id, "reason": reason, "now": self._now()}
+
+        async def cancel(conn: Connection) -> Job | None:
+            # Three statements, each with a fresh snapshot: a job claimed between the
+            # first and the second is still found running by the second.
+            for name in ("cancel_unstarted", "request_cancel", "get"):
+                row = await (await conn.execute(_Q[name], params)).fetchone()
+                if row is not None:
+                    return _job(row)
+            return None
+
+        return await self._transaction(cancel)
+
+    # -- workers and queues -------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerInfo) -> None:
+        params = {
+            "id": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "queues": list(worker.queues),
+            "concurrency": worker.concurrency,
+            "now": self._now(),
+        }
+        await self._execute("register_worker", params)
+
+    async def deregister_worker(self, worker_id: str) -> None:
+        await self._execute("deregister_worker", {"worker_id": worker_id, "now": self._now()})
+
+    async def workers(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=row["id"],
+                hostname=row["hostname"],
+                pid=row["pid"],
+                queues=tuple(row["queues"]),
+                concurrency=row["concurrency"],
+                started_at=_utc(row["started_at"]),
+                heartbeat_at=_utc(row["heartbeat_at"]),
+                stopped_at=_utc(row["stopped_at"]),
+            )
+            for row in await self._fetch("workers")
+        ]
+
+    async def queues(self) -> list[QueueInfo]:
+        counts: dict[str, dict[str, int]] = {}
+        paused: dict[str, bool] = {}
+        for row in await self._fetch("queues"):
+            name = row["name"]
+            paused[name] = bool(row["paused"])
+            bucket = counts.setdefault(name, {})
+            if row["status"] is not None:
+                bucket[row["status"]] = int(row["n"])
+        return [QueueInfo(name, paused[name], counts[name]) for name in sorted(counts)]
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        params = {"name": queue, "paused": paused, "now": self._now()}
+        await self._execute("set_paused", params)
+
+    # -- wake-ups -----------------------------------------------------------------------
+
+    async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
+        """Wait for a notification (new work or a cancel request), or ``timeout`` seconds.
+
+        The first call starts a task that keeps a LISTEN connection open, reconnecting
+        with backoff when it drops; polling by the caller covers the gap.
+        """
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen(), name="conveyor-postgres-listen"
+            )
+        if not self._wake.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+        self._wake.clear()
+        cancelled, self._cancelled = frozenset(self._cancelled), set()
+        return cancelled
+
+    async def _listen(self) -> None:
+        failures = 0
+        while True:
+            try:
+                conn = await self._connect()
+                async with conn:
+                    await conn.execute(_Q["listen"])
+                    if failures:
+                        log.warning("listening for notifications again on %s", self._where())
+                    failures = 0
+                    # Whatever happened while nobody listened is found by claiming now.
+                    self._wake.set()
+                    async for note in conn.notifies():
+                        if note.channel == CANCEL_CHANNEL:
+                            self._cancelled.add(note.payload)
+                        self._wake.set()
+            except (psycopg.Error, DatabaseUnavailable) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "no notification connection to %s (%s); polling until it is back",
+                        self._where(),
+                        _reason(exc),
+                    )
+            await asyncio.sleep(min(10.0, 0.2 * 2**failures) * (0.5 + random.random()))
+
+    def _where(self) -> str:
+        return _describe(self._params)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,298 @@
+-- Named queries of the PostgreSQL backend. Every time that decides anything comes from
+-- the database: coalesce(%(now)s::timestamptz, now()) is the server's now() in
+-- production, where the store passes NULL, and a pinned clock in tests.
+--
+-- Batches travel as arrays, unnested on the server, so a batch is one round trip.
+-- Statements that update several jobs lock them in id order first (ORDER BY id FOR
+-- UPDATE), so a worker's settle and its heartbeat, which run on two connections at
+-- once, cannot deadlock.
+--
+-- Wake-ups are not sent from here: triggers (migrations/0001_initial.sql) notify
+-- conveyor_job_ready whenever a job becomes queued and conveyor_cancel whenever a
+-- running job's cancellation is requested.
+
+-- name: submit
+-- Insert new jobs in order; an existing id or an active unique key makes that row a no-op.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
+    unique_key, concurrency_key, retry_of, created_at
+)
+SELECT
+    n.id, n.type, n.queue, n.tenant, n.payload::json, n.status, n.priority, n.max_attempts,
+    coalesce(n.run_at, coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.delay)),
+    n.timeout, n.lease_seconds, n.backoff_base, n.backoff_cap, n.state::json, n.parent_id,
+    n.root_id,
+    CASE WHEN n.depends_on IS NOT NULL
+         THEN ARRAY(SELECT json_array_elements_text(n.depends_on::json)) END,
+    n.unique_key, n.concurrency_key, n.retry_of, coalesce(%(now)s::timestamptz, now())
+FROM unnest(
+    %(id)s::text[], %(type)s::text[], %(queue)s::text[], %(tenant)s::text[],
+    %(payload)s::text[], %(status)s::text[], %(priority)s::integer[],
+    %(max_attempts)s::integer[], %(run_at)s::timestamptz[], %(delay)s::float8[],
+    %(timeout)s::float8[], %(lease_seconds)s::float8[], %(backoff_base)s::float8[],
+    %(backoff_cap)s::float8[], %(state)s::text[], %(parent_id)s::text[], %(root_id)s::text[],
+    %(depends_on)s::text[], %(unique_key)s::text[], %(concurrency_key)s::text[],
+    %(retry_of)s::text[]
+) WITH ORDINALITY AS n (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, delay,
+    timeout, lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id,
+    depends_on, unique_key, concurrency_key, retry_of, position
+)
+ORDER BY n.position
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: existing_jobs
+-- The jobs holding the given ids, and the active jobs holding the given unique keys.
+SELECT * FROM conveyor_jobs
+WHERE id = ANY(%(ids)s::text[])
+   OR (unique_key = ANY(%(unique_keys)s::text[])
+       AND status IN ('pending', 'queued', 'running', 'waiting'));
+
+-- name: get
+-- One job by id.
+SELECT * FROM conveyor_jobs WHERE id = %(id)s;
+
+-- name: list_jobs
+-- Jobs matching optional filters, newest first, keyset-paginated on id.
+SELECT * FROM conveyor_jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
+  AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: attempts
+-- A job's attempts, oldest first.
+SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
+
+-- name: claim
+-- Lease up to %(limit)s due jobs from unpaused queues in claim order: priority, run_at, id.
+-- Each queue is read on its own through the partial claim index, which returns rows in
+-- claim order, so the cost stays flat with millions of queued rows; a single scan with
+-- queue = ANY(...) would sort every due row instead. Rows another worker is claiming
+-- are skipped, not waited for.
+UPDATE conveyor_jobs
+SET status = 'running',
+    attempt = attempt + 1,
+    lease_token = lease_token + 1,
+    lease_owner = %(worker_id)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                       + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
+    started_at = coalesce(%(now)s::timestamptz, now()),
+    cancel_requested = false
+WHERE id IN (
+    SELECT due.id
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM conveyor_jobs
+        WHERE status = 'queued'
+          AND queue = wanted.queue
+          AND run_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
+    WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
+    ORDER BY due.priority, due.run_at, due.id
+    LIMIT %(limit)s
+)
+RETURNING *;
+
+-- name: heartbeat
+-- Renew a worker's leases, write its buffered progress and record it alive, in one
+-- statement; returns the jobs still held (renewed) and whether their cancel was asked.
+WITH beat AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(tokens)s::bigint[], %(renew)s::boolean[],
+        %(done)s::float8[], %(total)s::float8[], %(message)s::text[]
+    ) AS b (id, token, renew, done, total, message)
+),
+alive AS (
+    UPDATE conveyor_workers SET heartbeat_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = %(worker_id)s
+),
+held AS (
+    SELECT j.id FROM conveyor_jobs j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE conveyor_jobs j
+SET lease_expires_at = CASE
+        WHEN b.renew THEN coalesce(%(now)s::timestamptz, now())
+                          + make_interval(secs => coalesce(j.lease_seconds, %(lease)s))
+        ELSE j.lease_expires_at END,
+    progress_done = coalesce(b.done, j.progress_done),
+    progress_total = CASE WHEN b.done IS NULL THEN j.progress_total ELSE b.total END,
+    progress_message = CASE WHEN b.done IS NULL THEN j.progress_message ELSE b.message END
+FROM beat b JOIN held USING (id)
+WHERE j.id = b.id AND j.lease_token = b.token AND j.status = 'running'
+RETURNING j.id, b.renew, j.cancel_requested;
+
+-- name: settle
+-- End attempts, fenced by the lease (the row must still be running under the token), and
+-- record each ended attempt; returns the ids settled, the others were refused.
+WITH ended AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(outcomes)s::text[],
+        %(results)s::text[], %(result_refs)s::text[], %(errors)s::text[],
+        %(tracebacks)s::text[], %(retry_delays)s::float8[], %(done)s::float8[],
+        %(total)s::float8[], %(message)s::text[]
+    ) AS e (
+        id, token, status, outcome, result, result_ref, error, traceback, retry_delay,
+        done, total, message
+    )
+),
+held AS (
+    SELECT j.id FROM conveyor_jobs j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+settled AS (
+    UPDATE conveyor_jobs j
+    SET status = e.status,
+        result = e.result::json,
+        result_ref = coalesce(e.result_ref, j.result_ref),
+        error = e.error,
+        run_at = CASE
+            WHEN e.status = 'queued' THEN coalesce(%(now)s::timestamptz, now())
+                                          + make_interval(secs => e.retry_delay)
+            ELSE j.run_at END,
+        finished_at = CASE
+            WHEN e.status IN ('succeeded', 'failed', 'cancelled')
+            THEN coalesce(%(now)s::timestamptz, now()) END,
+        attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
+        progress_done = coalesce(e.done, j.progress_done),
+        progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
+        progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
+        lease_expires_at = NULL
+    FROM ended e JOIN held USING (id)
+    WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
+    RETURNING j.id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error, e.traceback
+),
+recorded AS (
+    INSERT INTO conveyor_attempts (
+        job_id, number, worker_id, started_at, finished_at, outcome, error, traceback
+    )
+    SELECT id, attempt, lease_owner, started_at, coalesce(%(now)s::timestamptz, now()),
+           outcome, error, traceback
+    FROM settled
+    WHERE outcome IS NOT NULL
+    ON CONFLICT (job_id, number) DO UPDATE
+    SET worker_id = excluded.worker_id, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, outcome = excluded.outcome,
+        error = excluded.error, traceback = excluded.traceback
+)
+SELECT id FROM settled;
+
+-- name: checkpoint
+-- Store a running job's state, fenced by its lease.
+UPDATE conveyor_jobs SET state = %(state)s::json
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: rescue
+-- Lock running jobs whose lease has expired, oldest expiry first; rows another rescuer
+-- holds are skipped, so every worker may run this at once.
+SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner
+FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: cancel_unstarted
+-- Cancel a job that has not started yet.
+UPDATE conveyor_jobs
+SET status = 'cancelled', error = %(reason)s, finished_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status IN ('pending', 'queued')
+RETURNING *;
+
+-- name: request_cancel
+-- Ask the worker running a job to stop it (a trigger notifies conveyor_cancel).
+UPDATE conveyor_jobs SET cancel_requested = true, error = %(reason)s
+WHERE id = %(id)s AND status = 'running'
+RETURNING *;
+
+-- name: register_worker
+-- Record a worker process as started.
+INSERT INTO conveyor_workers (
+    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at
+) VALUES (
+    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL
+)
+ON CONFLICT (id) DO UPDATE
+SET hostname = excluded.hostname, pid = excluded.pid, queues = excluded.queues,
+    concurrency = excluded.concurrency, started_at = excluded.started_at,
+    heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+
+-- name: deregister_worker
+-- Record a worker process as stopped.
+UPDATE conveyor_workers SET stopped_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(worker_id)s;
+
+-- name: workers
+-- Workers, live ones first, newest heartbeat first.
+SELECT * FROM conveyor_workers
+ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
+LIMIT 200;
+
+-- name: queues
+-- Every queue that has jobs or a pause record, with its number of jobs per status.
+SELECT coalesce(counts.queue, q.name) AS name, coalesce(q.paused, false) AS paused,
+       counts.status, counts.n
+FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status) AS counts
+FULL JOIN conveyor_queues q ON q.name = counts.queue;
+
+-- name: set_paused
+-- Pause or resume claiming from a queue (a trigger wakes workers on resume).
+INSERT INTO conveyor_queues (name, paused, paused_at)
+VALUES (%(name)s, %(paused)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.paused_at;
+
+-- name: now
+-- The database's clock.
+SELECT now() AS now;
+
+-- name: listen
+-- Subscribe the notification connection to both wake-up channels.
+LISTEN conveyor_job_ready;
+LISTEN conveyor_cancel;
+
+-- name: schema_tables
+-- Whether conveyor's migration table and jobs table exist (on the search path).
+SELECT to_regclass('conveyor_migrations') IS NOT NULL AS migrations,
+       to_regclass('conveyor_jobs') IS NOT NULL AS jobs;
+
+-- name: schema_version
+-- The newest migration applied.
+SELECT coalesce(max(version), 0) AS version FROM conveyor_migrations;
+
+-- name: lock_migrations
+-- Serialise migrations of this database until the transaction ends, so that many workers
+-- starting at once apply each migration exactly once.
+SELECT pg_advisory_xact_lock(hashtext('conveyor_migrations'));
+
+-- name: create_migrations_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS conveyor_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL
+);
+
+-- name: applied_migrations
+-- The versions already applied.
+SELECT version FROM conveyor_migrations;
+
+-- name: record_migration
+-- Record one applied migration.
+INSERT INTO conveyor_migrations (version, name, applied_at)
+VALUES (%(version)s, %(name)s, coalesce(%(now)s::timestamptz, now()));

@@ -1,0 +1,52 @@
+"""Helpers for tests that run a worker in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from conveyor import Conveyor, JobHandle, Status, Worker, WorkerOptions
+
+
+def fast_options(**kw: object) -> WorkerOptions:
+    """Worker options with short intervals, so tests wait on events, not on long sleeps."""
+    base: dict[str, object] = {
+        "concurrency": 4,
+        "lease": 2.0,
+        "poll_interval": 0.05,
+        "rescue_interval": 0.2,
+        "grace": 2.0,
+        "cancel_grace": 0.5,
+    }
+    base.update(kw)
+    return WorkerOptions(**base)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running_worker(app: Conveyor, **kw: object) -> AsyncIterator[Worker]:
+    """Run a worker on this loop for the body of the ``async with``, then stop it."""
+    worker = app.worker(fast_options(**kw))
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], *, timeout: float = 20.0, interval: float = 0.02
+) -> None:
+    """Wait until ``check()`` is true; fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(interval)
+
+
+async def settled(job: JobHandle, status: Status | None = None, timeout: float = 20.0) -> JobHandle:
+    """Wait for a job to be terminal (and, if given, to have ``status``)."""
+    await job.wait(timeout=timeout, poll=0.02)
+    if status is not None:
+        assert job.status is status, f"{job!r}: {job.error}"
+    return job

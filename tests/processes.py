@@ -1,0 +1,80 @@
+"""Real worker processes for tests: start ``conveyor worker`` subprocesses, signal them,
+and read what their handlers recorded outside the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Record:
+    event: str
+    job_id: str
+    attempt: int
+    pid: int
+    at: float
+
+
+class WorkerProcesses:
+    """Starts worker processes of ``tests.apps.procs:app`` on one database."""
+
+    def __init__(self, db_url: str, record_path: Path, log_dir: Path) -> None:
+        self.db_url = db_url
+        self.record_path = record_path
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, app: str = "tests.apps.procs:app") -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["CONVEYOR_TEST_RECORD"] = str(self.record_path)
+        env["CONVEYOR_DATABASE_URL"] = self.db_url
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        command = [
+            sys.executable, "-m", "conveyor", "--log-level", "INFO", "worker", app,
+            "--database-url", self.db_url, *args,
+        ]
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def log(self, index: int) -> str:
+        return (self.log_dir / f"worker-{index}.log").read_text(errors="replace")
+
+    def records(self) -> list[Record]:
+        if not self.record_path.exists():
+            return []
+        out = []
+        for line in self.record_path.read_text().splitlines():
+            event, job_id, attempt, pid, at = line.split()
+            out.append(Record(event, job_id, int(attempt), int(pid), float(at)))
+        return out
+
+    def runs_per_job(self, event: str = "run") -> Counter[str]:
+        return Counter(r.job_id for r in self.records() if r.event == event)
+
+    def wait_for_record(
+        self, event: str, job_id: str, *, timeout: float = 30.0, pid: int | None = None
+    ) -> Record:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in self.records():
+                if r.event == event and r.job_id == job_id and (pid is None or r.pid == pid):
+                    return r
+            time.sleep(0.02)
+        raise TimeoutError(f"no {event!r} record for job {job_id} within {timeout}s")
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

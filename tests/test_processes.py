@@ -1,0 +1,159 @@
+"""Crash, signal and lease behaviour with real worker processes on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import Conveyor, Outcome, Status, Submission
+from tests.processes import WorkerProcesses
+
+pytestmark = pytest.mark.processes
+
+FAST = ("--lease", "1", "--rescue-interval", "0.2", "--poll-interval", "0.1")
+
+
+@pytest.fixture
+def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    procs = WorkerProcesses(db_url, tmp_path / "runs.log", tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+async def client(db_url: str) -> Conveyor:
+    from tests.apps import procs
+
+    app = procs.app
+    app.url = db_url
+    yield app
+    await app.close()
+
+
+async def wait_exit(proc, timeout: float) -> int:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {proc.pid} still running after {timeout}s")
+        await asyncio.sleep(0.05)
+    return int(proc.returncode)
+
+
+async def test_three_workers_drain_3000_jobs_exactly_once(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    await client.migrate()
+    jobs = await client.submit_many([Submission("noop", {"i": i}) for i in range(3000)])
+    procs = [workers.start("--burst", "--concurrency", "20", *FAST) for _ in range(3)]
+    for proc in procs:
+        assert await wait_exit(proc, 120) == 0
+    runs = workers.runs_per_job()
+    assert len(runs) == 3000, "every job ran"
+    assert set(runs.values()) == {1}, "no job ran twice"
+    assert len({r.pid for r in workers.records()}) >= 2, "the work was shared"
+    done = await client.list_jobs(status=["succeeded"], limit=1000)
+    assert len(done) == 1000
+    left = await client.list_jobs(status=["queued", "running"], limit=10)
+    assert left == []
+    assert {j.id for j in jobs} == set(runs)
+
+
+async def test_sigkill_mid_job_is_rescued_by_another_worker(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    await client.migrate()
+    job = await client.submit("sleepy", {"seconds": 1.5})
+    first = workers.start(*FAST)
+    started = workers.wait_for_record("start", job.id, pid=first.pid)
+    assert started.attempt == 1
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    second = workers.start(*FAST)
+    await job.wait(timeout=30)
+    assert job.status is Status.SUCCEEDED
+    assert job.result == {"pid": second.pid}
+    attempts = await job.attempts()
+    assert [a.outcome for a in attempts] == [Outcome.LOST, Outcome.SUCCEEDED]
+    assert str(first.pid) in (attempts[0].worker_id or "")
+
+
+@pytest.mark.parametrize("job_type", ["sleepy", "sync_sleepy"])
+async def test_sigterm_hands_the_job_back_without_spending_an_attempt(
+    client: Conveyor, workers: WorkerProcesses, job_type: str
+) -> None:
+    await client.migrate()
+    job = await client.submit(job_type, {"seconds": 30})
+    first = workers.start(*FAST, "--grace", "0.5", "--cancel-grace", "0.5")
+    workers.wait_for_record("start", job.id, pid=first.pid)
+    stopped_at = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    assert await wait_exit(first, 15) == 0
+    # Grace (0.5 s) plus cancel grace (0.5 s) plus process teardown.
+    assert time.monotonic() - stopped_at < 10
+    await job.refresh()
+    assert job.status is Status.QUEUED
+    assert job.attempt == 0
+    assert await job.attempts() == []
+    assert "handing back 1 jobs" in workers.log(0)
+
+
+async def test_sigterm_lets_a_short_job_finish_within_the_grace_period(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    await client.migrate()
+    job = await client.submit("sleepy", {"seconds": 0.5})
+    first = workers.start(*FAST, "--grace", "10")
+    workers.wait_for_record("start", job.id, pid=first.pid)
+    first.send_signal(signal.SIGTERM)
+    assert await wait_exit(first, 15) == 0
+    await job.refresh()
+    assert job.status is Status.SUCCEEDED
+    assert [a.outcome for a in await job.attempts()] == [Outcome.SUCCEEDED]
+
+
+async def test_a_stopped_zombie_cannot_complete_the_job(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    await client.migrate()
+    job = await client.submit("sleepy", {"seconds": 2})
+    zombie = workers.start(*FAST)
+    workers.wait_for_record("start", job.id, pid=zombie.pid)
+    zombie.send_signal(signal.SIGSTOP)
+    try:
+        rescuer = workers.start(*FAST)
+        workers.wait_for_record("start", job.id, pid=rescuer.pid, timeout=30)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    await job.wait(timeout=30)
+    assert job.status is Status.SUCCEEDED
+    assert job.result == {"pid": rescuer.pid}
+    outcomes = [a.outcome for a in await job.attempts()]
+    assert outcomes == [Outcome.LOST, Outcome.SUCCEEDED]
+    # The zombie woke up, lost its lease, and kept serving: it did not exit.
+    await asyncio.sleep(1.0)
+    assert zombie.poll() is None
+    await job.refresh()
+    assert job.result == {"pid": rescuer.pid}
+
+
+async def test_second_signal_stops_at_once(client: Conveyor, workers: WorkerProcesses) -> None:
+    await client.migrate()
+    job = await client.submit("sleepy", {"seconds": 30})
+    proc = workers.start(*FAST, "--grace", "60")
+    workers.wait_for_record("start", job.id, pid=proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    code = await wait_exit(proc, 10)
+    assert code == 128 + signal.SIGTERM
+    # The lease is left to expire; another worker rescues the job and runs it again.
+    second = workers.start(*FAST)
+    rerun = workers.wait_for_record("start", job.id, pid=second.pid, timeout=30)
+    assert rerun.attempt == 2
+    assert [a.outcome for a in await job.attempts()] == [Outcome.LOST]
+

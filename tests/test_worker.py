@@ -1,0 +1,329 @@
+"""The worker's behaviour, in this process, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from conveyor import Cancel, Conveyor, JobContext, Outcome, Retry, Status
+from conveyor.store import create_store
+from tests.helpers import eventually, running_worker, settled
+
+
+async def test_runs_a_job_and_stores_its_result(app: Conveyor) -> None:
+    @app.job()
+    async def add(ctx: JobContext, a: int, b: int = 1) -> int:
+        return a + b
+
+    job = await add.submit(a=2, b=3)
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    assert job.result == 5
+    (attempt,) = await job.attempts()
+    assert attempt.outcome is Outcome.SUCCEEDED and attempt.worker_id
+
+
+async def test_sync_handlers_run_in_threads(app: Conveyor) -> None:
+    seen: list[str] = []
+
+    @app.job()
+    def greet(ctx: JobContext, name: str) -> str:
+        seen.append(threading.current_thread().name)
+        return f"hello {name}"
+
+    job = await greet.submit(name="ada")
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    assert job.result == "hello ada"
+    assert seen[0].startswith("conveyor-handler")
+
+
+async def test_retries_with_backoff_until_failed(app: Conveyor) -> None:
+    @app.job(max_attempts=3, backoff=("10ms", "50ms"))
+    async def broken(ctx: JobContext) -> None:
+        raise ValueError(f"broken on attempt {ctx.attempt}")
+
+    job = await broken.submit()
+    async with running_worker(app):
+        await settled(job, Status.FAILED)
+    attempts = await job.attempts()
+    assert [a.outcome for a in attempts] == [Outcome.FAILED] * 3
+    assert job.error == "ValueError: broken on attempt 3"
+    assert attempts[0].traceback and "ValueError" in attempts[0].traceback
+
+
+async def test_retry_after_asks_for_a_specific_delay(app: Conveyor) -> None:
+    @app.job(max_attempts=3)
+    async def polite(ctx: JobContext) -> int:
+        if ctx.attempt == 1:
+            raise Retry(after="300ms", reason="rate limited")
+        return ctx.attempt
+
+    job = await polite.submit()
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    first, second = await job.attempts()
+    assert first.error == "retry requested: rate limited"
+    assert first.finished_at and second.started_at
+    assert (second.started_at - first.finished_at).total_seconds() >= 0.29
+    assert job.result == 2
+
+
+async def test_timeout_records_timed_out_then_retries(app: Conveyor) -> None:
+    @app.job(timeout="300ms", max_attempts=2, backoff="10ms")
+    async def slow_first(ctx: JobContext) -> str:
+        if ctx.attempt == 1:
+            await asyncio.sleep(30)
+        return "fast the second time"
+
+    job = await slow_first.submit()
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    assert [a.outcome for a in await job.attempts()] == [Outcome.TIMED_OUT, Outcome.SUCCEEDED]
+
+
+async def test_sync_handler_sees_cancellation_on_timeout(app: Conveyor) -> None:
+    stopped = threading.Event()
+
+    @app.job(timeout="200ms", max_attempts=1)
+    def loop_until_told(ctx: JobContext) -> None:
+        while True:
+            if ctx.cancelled:
+                stopped.set()
+                ctx.raise_if_cancelled()
+            time.sleep(0.01)
+
+    job = await loop_until_told.submit()
+    async with running_worker(app):
+        await settled(job, Status.FAILED)
+    assert stopped.is_set()
+    assert [a.outcome for a in await job.attempts()] == [Outcome.TIMED_OUT]
+
+
+async def test_cancel_and_non_retryable_end_the_job(app: Conveyor) -> None:
+    @app.job(max_attempts=5)
+    async def gives_up(ctx: JobContext) -> None:
+        raise Cancel("nothing to do")
+
+    @app.job(max_attempts=5, non_retryable=[KeyError])
+    async def missing(ctx: JobContext) -> None:
+        raise KeyError("user 42")
+
+    a, b = await gives_up.submit(), await missing.submit()
+    async with running_worker(app):
+        await settled(a, Status.CANCELLED)
+        await settled(b, Status.FAILED)
+    assert a.error == "nothing to do"
+    assert b.attempt == 1
+
+
+async def test_cancel_of_a_running_async_job(app: Conveyor) -> None:
+    started = asyncio.Event()
+    saw_cancel = asyncio.Event()
+
+    @app.job()
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            raise
+
+    job = await long.submit()
+    async with running_worker(app, lease=0.6):
+        await asyncio.wait_for(started.wait(), 10)
+        await app.cancel(job.id, reason="user pressed stop")
+        await settled(job, Status.CANCELLED)
+    assert saw_cancel.is_set()
+    assert [a.outcome for a in await job.attempts()] == [Outcome.CANCELLED]
+
+
+async def test_cpu_bound_async_handler_does_not_lose_its_lease(
+    app: Conveyor, db_url: str
+) -> None:
+    """The event loop is blocked for 2.5 leases; the heartbeat thread keeps the lease."""
+    stop = threading.Event()
+    rescued: list[str] = []
+
+    def rescuer() -> None:
+        async def loop() -> None:
+            store = create_store(db_url)
+            await store.open()
+            try:
+                while not stop.is_set():
+                    rescued.extend(r.job_id for r in await store.rescue(limit=10, jitter=0.0))
+                    await asyncio.sleep(0.05)
+            finally:
+                await store.close()
+
+        asyncio.run(loop())
+
+    @app.job()
+    async def hog(ctx: JobContext) -> str:
+        time.sleep(2.5)  # holds the event loop, as CPU-bound code would
+        return "done"
+
+    job = await hog.submit()
+    thread = threading.Thread(target=rescuer)
+    thread.start()
+    try:
+        async with running_worker(app, lease=1.0):
+            await settled(job, Status.SUCCEEDED)
+    finally:
+        stop.set()
+        thread.join()
+    assert rescued == []
+    assert [a.outcome for a in await job.attempts()] == [Outcome.SUCCEEDED]
+
+
+async def test_lost_lease_cancels_the_local_run_and_drops_its_result(
+    app: Conveyor, db_url: str
+) -> None:
+    runs: list[str] = []
+    first_started = asyncio.Event()
+
+    @app.job(max_attempts=3, backoff="10ms")
+    async def work(ctx: JobContext) -> int:
+        runs.append(f"start {ctx.attempt}")
+        if ctx.attempt == 1:
+            first_started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                runs.append("cancelled 1")
+                raise
+        return ctx.attempt
+
+    job = await work.submit()
+    async with running_worker(app, lease=1.0, rescue_interval=60):
+        await asyncio.wait_for(first_started.wait(), 10)
+        # A store whose clock runs 1.5 s ahead (past the 1 s lease) rescues the job.
+        thief = create_store(db_url, clock=lambda: time.time() + 1.5)
+        await thief.open()
+        try:
+            (rescued,) = await thief.rescue(limit=10, jitter=0.0)
+        finally:
+            await thief.close()
+        assert rescued.job_id == job.id
+        await settled(job, Status.SUCCEEDED)
+    assert job.result == 2
+    assert runs[:2] == ["start 1", "cancelled 1"]
+    assert [a.outcome for a in await job.attempts()] == [Outcome.LOST, Outcome.SUCCEEDED]
+
+
+async def test_graceful_stop_hands_running_jobs_back(app: Conveyor) -> None:
+    started = asyncio.Event()
+    checkpointed = asyncio.Event()
+
+    @app.job()
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await ctx.checkpoint({"stopped_at": 7})
+            checkpointed.set()
+            raise
+
+    job = await long.submit()
+    async with running_worker(app, grace=0.2):
+        await asyncio.wait_for(started.wait(), 10)
+    assert checkpointed.is_set()
+    await job.refresh()
+    assert job.status is Status.QUEUED
+    assert job.attempt == 0  # no attempt spent
+    assert job.state == {"stopped_at": 7}
+    assert await job.attempts() == []
+
+
+async def test_progress_and_checkpoints_reach_the_next_attempt(app: Conveyor) -> None:
+    seen_state: list[object] = []
+
+    @app.job(max_attempts=2, backoff="10ms")
+    async def resumable(ctx: JobContext, total: int) -> int:
+        seen_state.append(ctx.state)
+        start = (ctx.state or {}).get("i", 0)
+        for i in range(start, total):
+            ctx.progress(i + 1, total, "working")
+            if i == 4 and ctx.attempt == 1:
+                await ctx.checkpoint({"i": 5})
+                raise RuntimeError("crash after checkpoint")
+        return total
+
+    job = await resumable.submit(total=10)
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    assert seen_state == [None, {"i": 5}]
+    assert job.progress is not None and job.progress.done == 10 and job.progress.total == 10
+
+
+async def test_a_job_type_unknown_to_the_worker_fails_with_a_clear_error(db_url: str) -> None:
+    producer = Conveyor(db_url)
+    consumer = Conveyor(db_url)
+
+    @producer.job(max_attempts=1)
+    async def only_here(ctx: JobContext) -> None:
+        return None
+
+    @consumer.job()
+    async def something_else(ctx: JobContext) -> None:
+        return None
+
+    job = await only_here.submit()
+    try:
+        async with running_worker(consumer):
+            await settled(job, Status.FAILED)
+    finally:
+        await producer.close()
+        await consumer.close()
+    assert "no handler for job type 'only_here'" in (job.error or "")
+
+
+async def test_burst_worker_exits_when_no_job_is_due(app: Conveyor) -> None:
+    @app.job()
+    async def quick(ctx: JobContext, i: int) -> int:
+        return i
+
+    jobs = [await quick.submit(i=i) for i in range(20)]
+    await asyncio.wait_for(app.worker(fast_options_burst()).run(), 30)
+    for job in jobs:
+        await job.refresh()
+        assert job.status is Status.SUCCEEDED
+
+
+def fast_options_burst():  # type: ignore[no-untyped-def]
+    from tests.helpers import fast_options
+
+    return fast_options(burst=True)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+async def test_concurrency_bounds_running_handlers(app: Conveyor, concurrency: int) -> None:
+    running = 0
+    peak = 0
+
+    @app.job()
+    async def tracked(ctx: JobContext) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    jobs = [await tracked.submit() for _ in range(30)]
+    async with running_worker(app, concurrency=concurrency):
+        for job in jobs:
+            await settled(job, Status.SUCCEEDED)
+    assert peak == concurrency
+
+
+async def test_eventually_helper_times_out() -> None:
+    async def never() -> bool:
+        return False
+
+    with pytest.raises(TimeoutError):
+        await eventually(never, timeout=0.1)
