@@ -82,6 +82,7 @@ class JobType:
             raise InvalidPayload(
                 self.name, f"a payload is a JSON object of keyword arguments, not {payload!r}"
             )
+        _check_json_text(self.name, payload)
         try:
             model = self.model.model_validate(dict(payload))
         except pydantic.ValidationError as exc:
@@ -116,11 +117,11 @@ def _check_json_text(job_type: str, value: object) -> None:
                 raise InvalidPayload(job_type, "strings in a payload must not contain NUL (\\x00)")
         elif isinstance(item, float) and not math.isfinite(item):
             raise InvalidPayload(job_type, "numbers in a payload must be finite")
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):
             for key, sub in item.items():
                 stack.append(key)
                 stack.append(sub)
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             stack.extend(item)
 
 
