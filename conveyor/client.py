@@ -301,12 +301,15 @@ class Conveyor:
         timeout: Duration | None = None,
         unique_key: str | None = None,
         tenant: str | None = None,
+        connection: Any = None,
     ) -> JobHandle:
         """Submit one job; it is committed when this returns.
 
         A client ``id`` makes the call idempotent: the same id again returns the existing
         job (a different type or payload under the same id raises IdempotencyConflict).
         While an active job holds ``unique_key``, that job is returned instead.
+        On PostgreSQL, ``connection`` (a psycopg connection) writes the job in the
+        application's own transaction instead: it exists only if that transaction commits.
         """
         name = type.name if isinstance(type, JobDefinition) else type
         submission = Submission(
@@ -322,13 +325,18 @@ class Conveyor:
             unique_key=unique_key,
             tenant=tenant,
         )
-        return (await self.submit_many([submission]))[0]
+        return (await self.submit_many([submission], connection=connection))[0]
 
-    async def submit_many(self, submissions: Sequence[Submission]) -> list[JobHandle]:
-        """Submit many jobs in one transaction: all of them are stored, or none."""
+    async def submit_many(
+        self, submissions: Sequence[Submission], *, connection: Any = None
+    ) -> list[JobHandle]:
+        """Submit many jobs in one transaction: all of them are stored, or none.
+
+        ``connection``: as for :meth:`submit`, the application's own transaction.
+        """
         new_jobs = [self._prepare(s) for s in submissions]
         store = await self.store()
-        results = await store.submit(new_jobs)
+        results = await store.submit(new_jobs, connection=connection)
         handles = []
         for new, submitted in zip(new_jobs, results, strict=True):
             job = submitted.job

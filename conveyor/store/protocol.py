@@ -105,8 +105,14 @@ class Store(Protocol):
     async def now(self) -> datetime:
         """Return the store's clock (the database's, where it has one)."""
 
-    async def submit(self, jobs: Sequence[NewJob]) -> list[Submitted]:
-        """Insert jobs in one transaction; an existing id or active unique key returns its job."""
+    async def submit(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> list[Submitted]:
+        """Insert jobs in one transaction; an existing id or active unique key returns its job.
+
+        ``connection`` is the application's own database connection (PostgreSQL only):
+        the jobs are written in its transaction and exist only if it commits.
+        """
 
     async def get(self, job_id: str) -> Job | None:
         """Return one job, or None."""

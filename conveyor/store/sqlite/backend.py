@@ -301,7 +301,14 @@ class SQLiteStore:
 
     # -- jobs ---------------------------------------------------------------------------
 
-    async def submit(self, jobs: Sequence[NewJob]) -> list[Submitted]:
+    async def submit(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> list[Submitted]:
+        if connection is not None:
+            raise ConfigurationError(
+                "submit(connection=...) is supported on PostgreSQL only: on SQLite, jobs "
+                "are written by conveyor's own connection; leave connection out"
+            )
         now = self._clock()
         rows = [self._new_job_params(job, now) for job in jobs]
 
