@@ -1,0 +1,86 @@
+"""The client facade and its blocking adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from conveyor import Conveyor, JobContext, Status, WorkerOptions
+from conveyor.worker import run_worker
+from tests.helpers import running_worker
+
+
+def test_blocking_adapter_runs_the_same_code_paths(tmp_path: Path) -> None:
+    app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
+
+    @app.job()
+    def shout(ctx: JobContext, word: str) -> str:
+        return word.upper()
+
+    job = shout.submit_sync(word="hey")
+    assert job.status is Status.QUEUED
+    assert app.sync.get(job.id).id == job.id
+
+    worker = threading.Thread(
+        target=run_worker, args=(app, WorkerOptions(burst=True, poll_interval=0.05))
+    )
+    worker.start()
+    worker.join(30)
+    done = job.sync.wait(timeout=10)
+    assert done.status is Status.SUCCEEDED and done.result == "HEY"
+    assert [j.id for j in app.sync.list_jobs(status=["succeeded"])] == [job.id]
+
+
+async def test_pause_and_resume_a_queue(app: Conveyor) -> None:
+    @app.job(queue="media")
+    async def encode(ctx: JobContext) -> None:
+        return None
+
+    await app.pause("media")
+    job = await encode.submit()
+    async with running_worker(app):
+        await asyncio.sleep(0.3)
+        assert (await job.refresh()).status is Status.QUEUED
+        queues = {q.name: q for q in await app.queues()}
+        assert queues["media"].paused
+        await app.resume("media")
+        await job.wait(timeout=10)
+    assert job.status is Status.SUCCEEDED
+
+
+async def test_cancel_a_queued_job_and_list_by_status(app: Conveyor) -> None:
+    @app.job()
+    async def later(ctx: JobContext) -> None:
+        return None
+
+    job = await later.submit()
+    cancelled = await app.cancel(job.id, reason="changed my mind")
+    assert cancelled.status is Status.CANCELLED and cancelled.error == "changed my mind"
+    assert [j.id for j in await app.list_jobs(status=["cancelled"])] == [job.id]
+    with pytest.raises(Exception, match="known statuses"):
+        await app.list_jobs(status=["exploded"])
+
+
+async def test_job_options_are_validated_when_declared(app: Conveyor) -> None:
+    from conveyor import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+
+        @app.job(max_attempts=0)
+        async def never(ctx: JobContext) -> None:
+            return None
+
+    with pytest.raises(ConfigurationError, match="duration"):
+
+        @app.job(timeout="soon")
+        async def vague(ctx: JobContext) -> None:
+            return None
+
+    with pytest.raises(ConfigurationError, match="job context as its first argument"):
+
+        @app.job()
+        async def no_ctx() -> None:
+            return None
