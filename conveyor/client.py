@@ -39,10 +39,11 @@ from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
     IdempotencyConflict,
+    InvalidDependency,
     InvalidPayload,
     JobNotFound,
 )
-from conveyor.store import JobQuery, QueueInfo, Store, WorkerInfo, create_store
+from conveyor.store import JobQuery, QueueInfo, Store, Submitted, WorkerInfo, create_store
 
 if TYPE_CHECKING:
     from conveyor.worker import Worker, WorkerOptions
@@ -69,6 +70,7 @@ class Submission:
     timeout: Duration | None = None
     unique_key: str | None = None
     tenant: str | None = None
+    depends_on: tuple[str, ...] = ()
 
 
 class JobHandle:
@@ -301,6 +303,7 @@ class Conveyor:
         timeout: Duration | None = None,
         unique_key: str | None = None,
         tenant: str | None = None,
+        depends_on: Sequence[str] = (),
         connection: Any = None,
     ) -> JobHandle:
         """Submit one job; it is committed when this returns.
@@ -324,19 +327,18 @@ class Conveyor:
             timeout=timeout,
             unique_key=unique_key,
             tenant=tenant,
+            depends_on=tuple(depends_on),
         )
         return (await self.submit_many([submission], connection=connection))[0]
 
-    async def submit_many(
-        self, submissions: Sequence[Submission], *, connection: Any = None
-    ) -> list[JobHandle]:
-        """Submit many jobs in one transaction: all of them are stored, or none.
-
-        ``connection``: as for :meth:`submit`, the application's own transaction.
-        """
+    def prepare(self, submissions: Sequence[Submission]) -> list[NewJob]:
+        """Validate submissions into jobs ready to insert (raises on bad input)."""
         new_jobs = [self._prepare(s) for s in submissions]
-        store = await self.store()
-        results = await store.submit(new_jobs, connection=connection)
+        _check_acyclic(new_jobs)
+        return new_jobs
+
+    def handles(self, new_jobs: Sequence[NewJob], results: Sequence[Submitted]) -> list[JobHandle]:
+        """Turn a store's submit results into handles, refusing an id reused differently."""
         handles = []
         for new, submitted in zip(new_jobs, results, strict=True):
             job = submitted.job
@@ -348,6 +350,18 @@ class Conveyor:
                 )
             handles.append(JobHandle(self, job))
         return handles
+
+    async def submit_many(
+        self, submissions: Sequence[Submission], *, connection: Any = None
+    ) -> list[JobHandle]:
+        """Submit many jobs in one transaction: all of them are stored, or none.
+
+        ``connection``: as for :meth:`submit`, the application's own transaction.
+        """
+        new_jobs = self.prepare(submissions)
+        store = await self.store()
+        results = await store.submit(new_jobs, connection=connection)
+        return self.handles(new_jobs, results)
 
     def _prepare(self, s: Submission) -> NewJob:
         job_type = self.registry.get(s.type)
@@ -382,6 +396,7 @@ class Conveyor:
             backoff_cap=options.backoff.cap,
             tenant=s.tenant,
             unique_key=s.unique_key,
+            depends_on=_dependency_ids(s.depends_on),
         )
 
     def _wallclock(self) -> float:
@@ -429,6 +444,47 @@ class Conveyor:
             raise JobNotFound(job_id)
         return JobHandle(self, job)
 
+    async def retry(self, job_id: str) -> JobHandle:
+        """Retry a failed or cancelled job as a new job with ``retry_of`` set.
+
+        The old row is not changed; the new job starts with the old one's last checkpoint.
+        """
+        old = (await self.get(job_id)).record
+        new = NewJob(
+            id=new_id(self._wallclock()),
+            type=old.type,
+            payload=old.payload,
+            queue=old.queue,
+            priority=old.priority,
+            max_attempts=old.max_attempts,
+            timeout=old.timeout,
+            lease=old.lease,
+            backoff_base=old.backoff_base,
+            backoff_cap=old.backoff_cap,
+            tenant=old.tenant,
+            unique_key=old.unique_key,
+            concurrency_key=old.concurrency_key,
+            parent_id=old.parent_id,
+            root_id=old.root_id,
+            retry_of=old.id,
+            state=old.state,
+        )
+        job = await (await self.store()).retry(job_id, new)
+        if job is None:
+            raise JobNotFound(job_id)
+        return JobHandle(self, job)
+
+    async def children(self, job_id: str, *, limit: int = 1000) -> list[JobHandle]:
+        """Return a job's direct children, newest first."""
+        jobs = await (await self.store()).list_jobs(JobQuery(parent_id=job_id, limit=limit))
+        return [JobHandle(self, j) for j in jobs]
+
+    async def tree(self, root_id: str, *, limit: int = 10_000) -> list[JobHandle]:
+        """Return a job and every job below it (``root_id`` links them), oldest first."""
+        root = await self.get(root_id)
+        below = await (await self.store()).list_jobs(JobQuery(root_id=root_id, limit=limit))
+        return [root, *sorted((JobHandle(self, j) for j in below), key=lambda h: h.id)]
+
     async def workers(self) -> list[WorkerInfo]:
         return await (await self.store()).workers()
 
@@ -456,6 +512,36 @@ class Conveyor:
     def sync(self) -> Any:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
         return _blocking.Blocking(self)
+
+
+def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidDependency("depends_on takes a list of job ids, e.g. depends_on=[a.id, b.id]")
+    return tuple(dict.fromkeys(value))
+
+
+def _check_acyclic(jobs: Sequence[NewJob]) -> None:
+    """Refuse dependency cycles among jobs submitted together (or a job on itself).
+
+    Jobs already stored cannot be part of a cycle: they cannot depend on a job that does
+    not exist yet.
+    """
+    edges = {job.id: [d for d in job.depends_on] for job in jobs if job.depends_on}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == 2 or node not in edges:
+            return
+        if state.get(node) == 1:
+            cycle = " -> ".join([*path[path.index(node):], node])
+            raise InvalidDependency(f"dependency cycle: {cycle}; a job cannot wait for itself")
+        state[node] = 1
+        for upstream in edges[node]:
+            visit(upstream, [*path, node])
+        state[node] = 2
+
+    for node in edges:
+        visit(node, [])
 
 
 __all__ = ["Conveyor", "JobDefinition", "JobHandle", "Submission"]

@@ -12,12 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from collections.abc import Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from conveyor.client import Submission
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import LeaseLost
+
+if TYPE_CHECKING:
+    from conveyor.client import JobHandle
 
 
 class Retry(Exception):
@@ -50,6 +54,18 @@ class _Done:
 _DONE = _Done()
 
 
+class JobPort(Protocol):
+    """What a context needs from the worker running it; every write is lease-fenced."""
+
+    def report_progress(self, progress: Progress) -> None: ...
+
+    async def save_state(self, state: JSON) -> bool: ...
+
+    async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None: ...
+
+    async def dependency_results(self) -> dict[str, JSON]: ...
+
+
 class JobContext:
     """The running job as its handler sees it."""
 
@@ -58,16 +74,15 @@ class JobContext:
         job: Job,
         *,
         worker_id: str,
-        report_progress: Callable[[Progress], None],
-        save_state: Callable[[JSON], Awaitable[bool]],
+        port: JobPort,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.job = job
         self.worker_id = worker_id
         self.state: JSON = job.state
+        self.result_ref: str | None = None
         self.log = logging.getLogger(f"conveyor.job.{job.type}")
-        self._report_progress = report_progress
-        self._save_state = save_state
+        self._port = port
         self._loop = loop
         self._cancelled = threading.Event()
         self.cancel_reason: str | None = None
@@ -88,7 +103,7 @@ class JobContext:
         self, done: float, total: float | None = None, message: str | None = None
     ) -> _Done:
         """Record progress; written with the next heartbeat. Await it or not, as you like."""
-        self._report_progress(
+        self._port.report_progress(
             Progress(float(done), None if total is None else float(total), message)
         )
         return _DONE
@@ -98,14 +113,59 @@ class JobContext:
 
         Raises :class:`LeaseLost` when this worker no longer holds the job.
         """
-        if not await self._save_state(state):
+        if not await self._port.save_state(state):
             raise LeaseLost(f"job {self.id} is no longer leased by this worker; state not saved")
         self.state = state
 
     def checkpoint_sync(self, state: JSON) -> None:
         """Save ``state`` from a sync handler (which runs in a thread)."""
-        future = asyncio.run_coroutine_threadsafe(self.checkpoint(state), self._loop)
-        future.result()
+        asyncio.run_coroutine_threadsafe(self.checkpoint(state), self._loop).result()
+
+    async def spawn(
+        self,
+        type: str,
+        payload: Mapping[str, JSON] | None = None,
+        *,
+        id: str | None = None,
+        depends_on: Sequence[str] = (),
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> JobHandle:
+        """Create a child job in a write fenced by this job's lease.
+
+        When the handler returns while children are unfinished, the job becomes
+        ``waiting``, and it ends when its last child ends: ``succeeded`` if every child
+        succeeded, else ``failed``. Give children ids derived from this job's (for
+        example ``f"{ctx.id}.part-{n}"``) so that a retried attempt does not spawn them
+        twice.
+        """
+        submission = Submission(
+            type=type,
+            payload=payload or {},
+            id=id,
+            depends_on=tuple(depends_on),
+            queue=queue,
+            priority=priority,
+        )
+        return (await self.spawn_many([submission]))[0]
+
+    async def spawn_many(self, submissions: Sequence[Submission]) -> list[JobHandle]:
+        """Create many children in one fenced write."""
+        spawned = await self._port.spawn(submissions)
+        if spawned is None:
+            raise LeaseLost(f"job {self.id} is no longer leased by this worker; nothing spawned")
+        return spawned
+
+    def spawn_sync(
+        self, type: str, payload: Mapping[str, JSON] | None = None, **kw: Any
+    ) -> JobHandle:
+        """Spawn a child from a sync handler (which runs in a thread)."""
+        future = asyncio.run_coroutine_threadsafe(self.spawn(type, payload, **kw), self._loop)
+        return future.result()
+
+    async def dependency_results(self) -> dict[str, JSON]:
+        """Return the results of the jobs this one depends on, by id (for fan-in steps)."""
+        return await self._port.dependency_results()
 
     @property
     def cancelled(self) -> bool:

@@ -51,6 +51,10 @@ class JobNotFound(ConveyorError):
         self.job_id = job_id
 
 
+class InvalidDependency(ConveyorError):
+    """``depends_on`` names a job that does not exist, or makes a cycle."""
+
+
 class IdempotencyConflict(ConveyorError):
     """A job with the same id or key exists with a different definition."""
 
@@ -69,6 +73,7 @@ __all__ = [
     "DatabaseUnavailable",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidDependency",
     "InvalidPayload",
     "InvalidState",
     "JobNotFound",

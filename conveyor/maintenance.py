@@ -10,6 +10,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 from conveyor.store import Rescued, Store
 
@@ -40,7 +41,29 @@ class Rescuer:
         return rescued
 
 
-async def every(interval: float, duty: Rescuer, stop: asyncio.Event) -> None:
+@dataclass
+class ParentFinisher:
+    """Ends waiting parents whose children have all ended.
+
+    Settling the last child normally does this in its own transaction; this duty catches
+    any parent left waiting.
+    """
+
+    store: Store
+    batch: int = 500
+
+    async def run_once(self) -> list[str]:
+        finished = await self.store.finish_parents(limit=self.batch)
+        for job_id in finished:
+            log.info("finished waiting parent %s", job_id)
+        return finished
+
+
+class Duty(Protocol):
+    async def run_once(self) -> object: ...
+
+
+async def every(interval: float, duty: Duty, stop: asyncio.Event) -> None:
     """Run ``duty.run_once()`` every ``interval`` seconds until ``stop`` is set."""
     failures = 0
     while not stop.is_set():

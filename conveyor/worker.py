@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,11 +40,11 @@ from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
 from conveyor.errors import ConfigurationError, ConveyorError
-from conveyor.maintenance import Rescuer, every
+from conveyor.maintenance import ParentFinisher, Rescuer, every
 from conveyor.store import Lease, Store, WorkerInfo
 
 if TYPE_CHECKING:
-    from conveyor.client import Conveyor
+    from conveyor.client import Conveyor, JobHandle, Submission
 
 log = logging.getLogger("conveyor.worker")
 
@@ -158,6 +159,10 @@ class Worker:
             every(self.options.rescue_interval, Rescuer(store), self._maintenance_stop),
             name="conveyor-rescue",
         )
+        finisher = asyncio.create_task(
+            every(self.options.rescue_interval, ParentFinisher(store), self._maintenance_stop),
+            name="conveyor-finish-parents",
+        )
         try:
             await self._produce(store)
             await self._drain()
@@ -166,7 +171,7 @@ class Worker:
             listener.cancel()
             self._stopping = True
             self._settle_ready.set()
-            await asyncio.gather(settler, rescuer, listener, return_exceptions=True)
+            await asyncio.gather(settler, rescuer, finisher, listener, return_exceptions=True)
             heartbeat.stop()
             await asyncio.get_running_loop().run_in_executor(None, heartbeat.join)
             try:
@@ -297,13 +302,7 @@ class Worker:
             kwargs = job_type.arguments(job.payload)
         except ConveyorError as exc:
             return self._failure(run, Outcome.FAILED, str(exc), final=True)
-        ctx = run.ctx = JobContext(
-            job,
-            worker_id=self.id,
-            report_progress=lambda p: self._report_progress(run, p),
-            save_state=lambda s: self._save_state(run, s),
-            loop=loop,
-        )
+        ctx = run.ctx = JobContext(job, worker_id=self.id, port=_Port(self, run), loop=loop)
         if job.cancel_requested:
             self._interrupt(run, _Interrupt.CANCEL, job.error or "cancel requested")
         if job.timeout:
@@ -346,7 +345,10 @@ class Worker:
                 f"the handler returned a result that is not JSON ({exc}); return plain data",
                 final=True,
             )
-        return self._settlement(run, Event.SUCCEED, Outcome.SUCCEEDED, result=result)
+        settlement = self._settlement(run, Event.SUCCEED, Outcome.SUCCEEDED, result=result)
+        if ctx.result_ref is not None:
+            settlement = dataclasses.replace(settlement, result_ref=str(ctx.result_ref))
+        return settlement
 
     def _settlement(
         self,
@@ -450,17 +452,6 @@ class Worker:
                 del self._runs[run.job.id]
             self._progress.pop(run.key, None)
 
-    def _report_progress(self, run: _Run, progress: Progress) -> None:
-        with self._lock:
-            self._progress[run.key] = progress
-
-    async def _save_state(self, run: _Run, state: JSON) -> bool:
-        json.dumps(state, allow_nan=False)
-        store = self._store
-        if store is None or run.interrupt is _Interrupt.LOST:
-            return False
-        return await store.checkpoint(run.key, state)
-
     # -- settling -----------------------------------------------------------------------
 
     async def _settle_loop(self) -> None:
@@ -543,6 +534,43 @@ class Worker:
         with self._lock:
             taken, self._progress = self._progress, {}
             return taken
+
+
+class _Port:
+    """A running job's way to the worker and the store; every write carries its lease."""
+
+    def __init__(self, worker: Worker, run: _Run) -> None:
+        self.worker = worker
+        self.run = run
+
+    def report_progress(self, progress: Progress) -> None:
+        with self.worker._lock:
+            self.worker._progress[self.run.key] = progress
+
+    async def save_state(self, state: JSON) -> bool:
+        json.dumps(state, allow_nan=False)
+        store = self.worker._store
+        if store is None or self.run.interrupt is _Interrupt.LOST:
+            return False
+        return await store.checkpoint(self.run.key, state)
+
+    async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
+        app = self.worker.app
+        store = self.worker._store
+        if store is None or self.run.interrupt is _Interrupt.LOST:
+            return None
+        jobs = app.prepare(submissions)
+        spawned = await store.spawn(self.run.key, jobs)
+        if spawned is None:
+            return None
+        return app.handles(jobs, spawned)
+
+    async def dependency_results(self) -> dict[str, JSON]:
+        store = self.worker._store
+        depends_on = self.run.job.depends_on
+        if store is None or not depends_on:
+            return {}
+        return {j.id: j.result for j in await store.get_many(depends_on)}
 
 
 class _Heartbeat(threading.Thread):

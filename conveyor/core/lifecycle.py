@@ -92,3 +92,60 @@ def transition(status: Status, event: Event) -> Status:
 def sources(event: Event) -> frozenset[Status]:
     """Return the statuses from which ``event`` is legal (used to fence SQL updates)."""
     return frozenset(s for (s, e) in TRANSITIONS if e is event)
+
+
+def children_event(counts: dict[Status, int]) -> Event | None:
+    """Decide a parent's fate from its children's statuses; None while any is unfinished.
+
+    A child that failed and was retried to success counts as succeeded: only final
+    statuses are counted.
+
+    >>> children_event({Status.SUCCEEDED: 3})
+    <Event.CHILDREN_SUCCEEDED: 'children_succeeded'>
+    >>> children_event({Status.SUCCEEDED: 2, Status.FAILED: 1})
+    <Event.CHILDREN_FAILED: 'children_failed'>
+    >>> children_event({Status.SUCCEEDED: 2, Status.RUNNING: 1}) is None
+    True
+    """
+    if any(n and status not in TERMINAL for status, n in counts.items()):
+        return None
+    if all(status is Status.SUCCEEDED for status, n in counts.items() if n):
+        return Event.CHILDREN_SUCCEEDED
+    return Event.CHILDREN_FAILED
+
+
+def returned_event(children: dict[Status, int]) -> Event:
+    """Decide what a handler's return means for its job, given its children so far.
+
+    >>> returned_event({})
+    <Event.SUCCEED: 'succeed'>
+    >>> returned_event({Status.QUEUED: 1})
+    <Event.AWAIT_CHILDREN: 'await_children'>
+    >>> returned_event({Status.CANCELLED: 1})
+    <Event.FAIL: 'fail'>
+    """
+    decided = children_event(children)
+    if decided is None:
+        return Event.AWAIT_CHILDREN
+    return Event.SUCCEED if decided is Event.CHILDREN_SUCCEEDED else Event.FAIL
+
+
+def children_error(counts: dict[Status, int]) -> str:
+    """Describe why a parent failed, from its children's statuses."""
+    failed = counts.get(Status.FAILED, 0)
+    cancelled = counts.get(Status.CANCELLED, 0)
+    total = sum(counts.values())
+    return f"{failed} failed and {cancelled} cancelled of {total} children"
+
+
+def dependency_event(dependency: Status) -> Event | None:
+    """What a finished dependency means for a pending dependent (None: not yet decided).
+
+    >>> dependency_event(Status.FAILED)
+    <Event.DEPENDENCY_FAILED: 'dependency_failed'>
+    >>> dependency_event(Status.SUCCEEDED) is None
+    True
+    """
+    if dependency in (Status.FAILED, Status.CANCELLED):
+        return Event.DEPENDENCY_FAILED
+    return None

@@ -148,7 +148,34 @@ class Store(Protocol):
         """Settle up to ``limit`` jobs whose lease expired as ``lost`` attempts."""
 
     async def cancel(self, job_id: str, *, reason: str) -> Job | None:
-        """Cancel a job that has not started, or ask its worker to stop a running one."""
+        """Cancel a job that has not started, or ask its worker to stop a running one.
+
+        A waiting job is cancelled with its unfinished descendants (running ones are asked
+        to stop); pending dependents of every job cancelled here are cancelled too.
+        """
+
+    async def retry(self, job_id: str, new: NewJob) -> Job | None:
+        """Submit ``new`` as the retry of a failed or cancelled job (else InvalidState).
+
+        The old row is not changed. Returns None when ``job_id`` does not exist.
+        """
+
+    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+        """Insert children of the leased job (parent and root set here), fenced by the lease.
+
+        Returns None, inserting nothing, when the lease was lost.
+        """
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        """Return the jobs that exist among ``job_ids``."""
+
+    async def finish_parents(self, *, limit: int) -> list[str]:
+        """End waiting parents whose children have all ended; return their ids.
+
+        Settling a child already does this in the same transaction; this duty is the
+        safety net for parents left waiting (for instance by a race between backends'
+        transactions), and is safe to run on every worker at once.
+        """
 
     async def register_worker(self, worker: WorkerInfo) -> None:
         """Record a worker process as started."""

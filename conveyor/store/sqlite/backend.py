@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sqlite3
@@ -14,7 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conveyor.core.lifecycle import Status
+from conveyor.core.lifecycle import (
+    Status,
+    children_error,
+    children_event,
+    dependency_event,
+    returned_event,
+    transition,
+)
 from conveyor.core.model import (
     JSON,
     Attempt,
@@ -25,7 +33,13 @@ from conveyor.core.model import (
     Settlement,
     after_failure,
 )
-from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
+from conveyor.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidDependency,
+    InvalidState,
+    NotAConveyorDatabase,
+)
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store.protocol import (
     Beat,
@@ -236,9 +250,7 @@ class SQLiteStore:
 
     async def _connect_once(self) -> None:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="conveyor-sqlite"
-            )
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
             self._conn = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._connect
             )
@@ -256,9 +268,7 @@ class SQLiteStore:
             self._executor = None
 
     def _schema_version(self, conn: sqlite3.Connection) -> int:
-        tables = {
-            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "conveyor_migrations" in tables:
             row = conn.execute("SELECT max(version) FROM conveyor_migrations").fetchone()
             return int(row[0] or 0)
@@ -313,25 +323,51 @@ class SQLiteStore:
         rows = [self._new_job_params(job, now) for job in jobs]
 
         def insert(conn: sqlite3.Connection) -> list[Submitted]:
-            out = []
-            for params in rows:
-                row = _one(conn.execute(_Q["insert_job"], params))
-                if row is not None:
-                    out.append(Submitted(_job(row), created=True))
-                    continue
-                existing = _one(conn.execute(_Q["get_job"], {"id": params["id"]}))
-                if existing is None and params["unique_key"] is not None:
-                    existing = _one(
-                        conn.execute(
-                            _Q["get_active_by_unique_key"], {"unique_key": params["unique_key"]}
-                        )
-                    )
-                if existing is None:
-                    raise RuntimeError(f"job {params['id']!r} was neither inserted nor found")
-                out.append(Submitted(_job(existing), created=False))
-            return out
+            return [
+                self._insert(conn, job, params, now) for job, params in zip(jobs, rows, strict=True)
+            ]
 
         return await self._write(insert)
+
+    def _insert(
+        self, conn: sqlite3.Connection, job: NewJob, params: dict[str, Any], now: float
+    ) -> Submitted:
+        """Insert one job (and its dependency edges), or return the job that holds its id."""
+        blocked_by: tuple[str, Status] | None = None
+        if job.depends_on:
+            found = {
+                r["id"]: Status(r["status"])
+                for r in conn.execute(_Q["get_many"], {"ids": json.dumps(list(job.depends_on))})
+            }
+            missing = [d for d in job.depends_on if d not in found]
+            if missing:
+                raise InvalidDependency(
+                    f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
+                    "submit those first (or in the same batch, before it)"
+                )
+            if all(st is Status.SUCCEEDED for st in found.values()):
+                params = params | {"status": Status.QUEUED.value}
+            blocked_by = next(
+                ((d, st) for d, st in found.items() if dependency_event(st) is not None), None
+            )
+        row = _one(conn.execute(_Q["insert_job"], params))
+        if row is not None:
+            for upstream in job.depends_on:
+                conn.execute(_Q["insert_dependency"], {"job_id": job.id, "depends_on_id": upstream})
+            if blocked_by is not None:
+                upstream, status = blocked_by
+                reason = f"dependency {upstream} {status.value}"
+                conn.execute(_Q["cancel_pending"], {"id": job.id, "reason": reason, "now": now})
+                row = _one(conn.execute(_Q["get_job"], {"id": job.id}))
+            return Submitted(_job(row), created=True)
+        existing = _one(conn.execute(_Q["get_job"], {"id": params["id"]}))
+        if existing is None and params["unique_key"] is not None:
+            existing = _one(
+                conn.execute(_Q["get_active_by_unique_key"], {"unique_key": params["unique_key"]})
+            )
+        if existing is None:
+            raise RuntimeError(f"job {params['id']!r} was neither inserted nor found")
+        return Submitted(_job(existing), created=False)
 
     @staticmethod
     def _new_job_params(job: NewJob, now: float) -> dict[str, Any]:
@@ -466,33 +502,43 @@ class SQLiteStore:
 
         return await self._write(settle)
 
-    @staticmethod
     def _settle(
-        conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
+        self, conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
     ) -> list[str]:
         refused = []
         attempts = []
+        finished: list[tuple[str, str | None, Status]] = []
         for s in settlements:
-            row = _one(conn.execute(
-                _Q["settle"],
-                {
-                    "id": s.job_id,
-                    "token": s.token,
-                    "status": s.status.value,
-                    "result": _dumps(s.result),
-                    "result_ref": s.result_ref,
-                    "error": s.error,
-                    "retry_delay": s.retry_delay,
-                    "refund": 1 if s.outcome is None else 0,
-                    "progress_done": s.progress.done if s.progress else None,
-                    "progress_total": s.progress.total if s.progress else None,
-                    "progress_message": s.progress.message if s.progress else None,
-                    "now": now,
-                },
-            ))
+            status, error = s.status, s.error
+            if status is Status.SUCCEEDED:
+                children = self._children_counts(conn, s.job_id)
+                if children:
+                    status = transition(Status.RUNNING, returned_event(children))
+                    if status is Status.FAILED:
+                        error = children_error(children)
+            row = _one(
+                conn.execute(
+                    _Q["settle"],
+                    {
+                        "id": s.job_id,
+                        "token": s.token,
+                        "status": status.value,
+                        "result": _dumps(s.result),
+                        "result_ref": s.result_ref,
+                        "error": error,
+                        "retry_delay": s.retry_delay,
+                        "refund": 1 if s.outcome is None else 0,
+                        "progress_done": s.progress.done if s.progress else None,
+                        "progress_total": s.progress.total if s.progress else None,
+                        "progress_message": s.progress.message if s.progress else None,
+                        "now": now,
+                    },
+                )
+            )
             if row is None:
                 refused.append(s.job_id)
-            elif s.outcome is not None:
+                continue
+            if s.outcome is not None:
                 attempts.append(
                     {
                         "job_id": s.job_id,
@@ -505,9 +551,68 @@ class SQLiteStore:
                         "now": now,
                     }
                 )
+            if status.terminal:
+                finished.append((s.job_id, row["parent_id"], status))
         if attempts:
             conn.executemany(_Q["insert_attempt"], attempts)
+        for job_id, parent_id, status in finished:
+            self._cascade(conn, job_id, parent_id, status, now)
         return refused
+
+    @staticmethod
+    def _children_counts(conn: sqlite3.Connection, job_id: str) -> dict[Status, int]:
+        return {
+            Status(r["status"]): r["n"] for r in conn.execute(_Q["children_counts"], {"id": job_id})
+        }
+
+    def _cascade(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        parent_id: str | None,
+        status: Status,
+        now: float,
+    ) -> None:
+        """Carry a job's end to its waiting parent and its pending dependents, transitively."""
+        todo = [(job_id, parent_id, status)]
+        while todo:
+            job_id, parent_id, status = todo.pop()
+            if parent_id is not None:
+                finished = self._finish_parent(conn, parent_id, now)
+                if finished is not None:
+                    todo.append(finished)
+            for r in conn.execute(_Q["pending_dependents"], {"id": job_id}).fetchall():
+                if dependency_event(status) is None:
+                    unmet = conn.execute(_Q["unmet_dependencies"], {"id": r["id"]}).fetchone()[0]
+                    if unmet == 0:
+                        conn.execute(_Q["release_pending"], {"id": r["id"]})
+                    continue
+                reason = f"dependency {job_id} {status.value}"
+                row = _one(
+                    conn.execute(
+                        _Q["cancel_pending"], {"id": r["id"], "reason": reason, "now": now}
+                    )
+                )
+                if row is not None:
+                    todo.append((row["id"], row["parent_id"], Status.CANCELLED))
+
+    def _finish_parent(
+        self, conn: sqlite3.Connection, parent_id: str, now: float
+    ) -> tuple[str, str | None, Status] | None:
+        """End a waiting parent whose children have all ended; return it if it ended."""
+        counts = self._children_counts(conn, parent_id)
+        event = children_event(counts)
+        if event is None:
+            return None
+        status = transition(Status.WAITING, event)
+        error = children_error(counts) if status is Status.FAILED else None
+        row = _one(
+            conn.execute(
+                _Q["finish_waiting"],
+                {"id": parent_id, "status": status.value, "error": error, "now": now},
+            )
+        )
+        return None if row is None else (row["id"], row["parent_id"], status)
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
         params = {"id": lease.job_id, "token": lease.token, "state": _dumps(state)}
@@ -547,17 +652,94 @@ class SQLiteStore:
         return await self._write(rescue)
 
     async def cancel(self, job_id: str, *, reason: str) -> Job | None:
-        params = {"id": job_id, "reason": reason, "now": self._clock()}
+        now = self._clock()
 
         def cancel(conn: sqlite3.Connection) -> Job | None:
-            row = _one(conn.execute(_Q["cancel_unstarted"], params))
-            if row is None:
-                row = _one(conn.execute(_Q["request_cancel"], params))
-            if row is None:
-                row = _one(conn.execute(_Q["get_job"], {"id": job_id}))
+            self._cancel_one(conn, job_id, reason, now)
+            row = _one(conn.execute(_Q["get_job"], {"id": job_id}))
             return None if row is None else _job(row)
 
         return await self._write(cancel)
+
+    def _cancel_one(self, conn: sqlite3.Connection, job_id: str, reason: str, now: float) -> None:
+        """Cancel a job now, or ask its worker to; a waiting job takes its subtree along."""
+        params = {"id": job_id, "reason": reason, "now": now}
+        row = _one(conn.execute(_Q["cancel_unstarted"], params))
+        if row is None:
+            row = _one(conn.execute(_Q["cancel_waiting"], params))
+            if row is not None:
+                below = conn.execute(_Q["unfinished_descendants"], {"id": job_id}).fetchall()
+                for child in below:
+                    child_params = {
+                        "id": child["id"],
+                        "reason": f"parent {job_id} cancelled",
+                        "now": now,
+                    }
+                    if child["status"] == Status.RUNNING.value:
+                        conn.execute(_Q["request_cancel"], child_params)
+                    else:
+                        conn.execute(_Q["cancel_unstarted"], child_params)
+                        conn.execute(_Q["cancel_waiting"], child_params)
+                        self._cascade(conn, child["id"], None, Status.CANCELLED, now)
+        if row is None:
+            conn.execute(_Q["request_cancel"], params)
+            return
+        self._cascade(conn, job_id, row["parent_id"], Status.CANCELLED, now)
+
+    async def retry(self, job_id: str, new: NewJob) -> Job | None:
+        now = self._clock()
+        params = self._new_job_params(new, now)
+
+        def retry(conn: sqlite3.Connection) -> Job | None:
+            old = _one(conn.execute(_Q["get_job"], {"id": job_id}))
+            if old is None:
+                return None
+            if old["status"] not in (Status.FAILED.value, Status.CANCELLED.value):
+                raise InvalidState(
+                    f"job {job_id} is {old['status']}: only failed or cancelled jobs can be retried"
+                )
+            return self._insert(conn, new, params, now).job
+
+        return await self._write(retry)
+
+    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+        now = self._clock()
+
+        def spawn(conn: sqlite3.Connection) -> list[Submitted] | None:
+            holder = _one(
+                conn.execute(_Q["lease_holder"], {"id": lease.job_id, "token": lease.token})
+            )
+            if holder is None:
+                return None
+            out = []
+            for job in jobs:
+                child = dataclasses.replace(job, parent_id=lease.job_id, root_id=holder["root_id"])
+                out.append(self._insert(conn, child, self._new_job_params(child, now), now))
+            return out
+
+        return await self._write(spawn)
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        params = {"ids": json.dumps(list(job_ids))}
+
+        def read(conn: sqlite3.Connection) -> list[Job]:
+            return [_job(r) for r in conn.execute(_Q["get_many"], params)]
+
+        return await self._run(read)
+
+    async def finish_parents(self, *, limit: int) -> list[str]:
+        now = self._clock()
+
+        def finish(conn: sqlite3.Connection) -> list[str]:
+            done = []
+            for r in conn.execute(_Q["waiting_parents"], {"limit": limit}).fetchall():
+                finished = self._finish_parent(conn, r["id"], now)
+                if finished is not None:
+                    done.append(finished[0])
+                    self._cascade(conn, *finished, now)
+            return done
+
+        return await self._write(finish)
 
     # -- workers and queues -------------------------------------------------------------
 

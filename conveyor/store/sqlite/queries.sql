@@ -85,7 +85,7 @@ SET status = :status,
                             ELSE :progress_message END,
     lease_expires_at = NULL
 WHERE id = :id AND lease_token = :token AND status = 'running'
-RETURNING id, attempt, lease_owner, started_at;
+RETURNING id, attempt, lease_owner, started_at, parent_id;
 
 -- name: insert_attempt
 -- Keep the record of one ended attempt.
@@ -159,4 +159,73 @@ WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (:before_id IS NULL OR id < :before_id)
 ORDER BY id DESC
+LIMIT :limit;
+
+-- name: get_many
+-- Jobs by id.
+SELECT * FROM conveyor_jobs WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: insert_dependency
+-- Record that a job waits for another.
+INSERT OR IGNORE INTO conveyor_dependencies (job_id, depends_on_id) VALUES (:job_id, :depends_on_id);
+
+-- name: children_counts
+-- How many children of a job are in each status.
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :id GROUP BY status;
+
+-- name: finish_waiting
+-- End a waiting parent once its last child has ended.
+UPDATE conveyor_jobs SET status = :status, error = :error, finished_at = :now
+WHERE id = :id AND status = 'waiting'
+RETURNING id, parent_id, status;
+
+-- name: pending_dependents
+-- Pending jobs that wait for a job.
+SELECT j.id FROM conveyor_dependencies AS d JOIN conveyor_jobs AS j ON j.id = d.job_id
+WHERE d.depends_on_id = :id AND j.status = 'pending';
+
+-- name: unmet_dependencies
+-- How many of a job's dependencies have not succeeded.
+SELECT count(*) FROM conveyor_dependencies AS d JOIN conveyor_jobs AS j ON j.id = d.depends_on_id
+WHERE d.job_id = :id AND j.status <> 'succeeded';
+
+-- name: release_pending
+-- Queue a pending job whose dependencies all succeeded.
+UPDATE conveyor_jobs SET status = 'queued' WHERE id = :id AND status = 'pending';
+
+-- name: cancel_pending
+-- Cancel a pending job whose dependency failed or was cancelled.
+UPDATE conveyor_jobs SET status = 'cancelled', error = :reason, finished_at = :now
+WHERE id = :id AND status = 'pending'
+RETURNING id, parent_id, status;
+
+-- name: cancel_waiting
+-- Cancel a waiting parent.
+UPDATE conveyor_jobs SET status = 'cancelled', error = :reason, finished_at = :now
+WHERE id = :id AND status = 'waiting'
+RETURNING *;
+
+-- name: unfinished_descendants
+-- Every unfinished job below a job in its tree.
+WITH RECURSIVE below(id) AS (
+    SELECT id FROM conveyor_jobs WHERE parent_id = :id
+    UNION ALL
+    SELECT j.id FROM conveyor_jobs AS j JOIN below AS b ON j.parent_id = b.id
+)
+SELECT j.id, j.status FROM conveyor_jobs AS j JOIN below AS b ON j.id = b.id
+WHERE j.status IN ('pending', 'queued', 'running', 'waiting');
+
+-- name: lease_holder
+-- The root of a job, if the given lease still holds it.
+SELECT coalesce(root_id, id) AS root_id FROM conveyor_jobs
+WHERE id = :id AND lease_token = :token AND status = 'running';
+
+-- name: waiting_parents
+-- Waiting parents none of whose children is unfinished (a safety net for the settle cascade).
+SELECT p.id FROM conveyor_jobs AS p
+WHERE p.status = 'waiting'
+  AND NOT EXISTS (
+      SELECT 1 FROM conveyor_jobs AS c
+      WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
+  )
 LIMIT :limit;
