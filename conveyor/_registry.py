@@ -30,8 +30,13 @@ class JobOptions:
     backoff: Backoff = field(default_factory=Backoff)
     priority: int = 0
     non_retryable: tuple[type[BaseException], ...] = ()
+    isolation: str | None = None  # None: on the worker; "process": in a child process
 
     def __post_init__(self) -> None:
+        if self.isolation not in (None, "process"):
+            raise ConfigurationError(
+                f"isolation of {self.name!r} must be None or 'process', not {self.isolation!r}"
+            )
         if not self.name or len(self.name) > 200:
             raise ConfigurationError("a job type name must be 1 to 200 characters")
         _check_queue(self.queue)
@@ -66,6 +71,19 @@ def optional_seconds(value: Duration | None, what: str) -> float | None:
         raise ConfigurationError(f"{what}: {exc}") from None
 
 
+def importable_name(fn: Handler, name: str) -> tuple[str, str]:
+    """Return the module and qualified name a child process imports a handler by."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname:
+        raise ConfigurationError(
+            f"handler {name!r} has isolation='process' but a child process cannot import "
+            "it: define it at the top level of an importable module (not in __main__ or "
+            "inside a function)"
+        )
+    return module, qualname
+
+
 class JobType:
     """A registered handler: its options, its payload model and how to call it."""
 
@@ -75,6 +93,8 @@ class JobType:
         self.name = options.name
         self.is_async = inspect.iscoroutinefunction(fn)
         self.model = _payload_model(fn, options.name)
+        if options.isolation == "process":
+            importable_name(fn, options.name)
 
     def validate(self, payload: object) -> dict[str, Any]:
         """Check ``payload`` against the handler's signature; return it as stored (JSON)."""

@@ -213,6 +213,7 @@ class Conveyor:
         backoff: Backoff | tuple[Duration, Duration] | Duration = (1, 3600),
         priority: int = 0,
         non_retryable: Iterable[type[BaseException]] = (),
+        isolation: str | None = None,
     ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
     def job(
@@ -228,8 +229,13 @@ class Conveyor:
         backoff: Backoff | tuple[Duration, Duration] | Duration = (1, 3600),
         priority: int = 0,
         non_retryable: Iterable[type[BaseException]] = (),
+        isolation: str | None = None,
     ) -> JobDefinition[P, R] | Callable[[Callable[P, R]], JobDefinition[P, R]]:
-        """Register a handler as a job type (usable as ``@app.job`` or ``@app.job(...)``)."""
+        """Register a handler as a job type (usable as ``@app.job`` or ``@app.job(...)``).
+
+        ``isolation="process"`` runs each attempt in a child process that can be killed
+        on timeout or cancel, and whose crash only fails the attempt.
+        """
 
         def register(handler: Callable[P, R]) -> JobDefinition[P, R]:
             try:
@@ -245,6 +251,7 @@ class Conveyor:
                 backoff=parsed_backoff,
                 priority=priority,
                 non_retryable=tuple(non_retryable),
+                isolation=isolation,
             )
             job_type = JobType(handler, options)
             self.registry.add(job_type)

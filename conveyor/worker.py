@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
@@ -259,7 +260,11 @@ class Worker:
     def _start(self, job: Job) -> None:
         run = _Run(job=job, lease=job.lease or self.options.lease)
         job_type = self.app.registry.find(job.type)
-        run.is_async = job_type.is_async if job_type is not None else True
+        # A process-isolated handler is awaited like an async one: cancelling its task
+        # stops the child process.
+        run.is_async = (
+            job_type is None or job_type.is_async or job_type.options.isolation == "process"
+        )
         with self._lock:
             self._runs[job.id] = run
         self._active += 1
@@ -314,7 +319,11 @@ class Worker:
                 f"timed out after {job.timeout:g}s",
             )
         try:
-            if run.is_async:
+            if job_type.options.isolation == "process":
+                result = await run_in_child(
+                    job_type, job, ctx._port, cancel_grace=self.options.cancel_grace
+                )
+            elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
             else:
                 future = loop.run_in_executor(self._pool, lambda: job_type.fn(ctx, **kwargs))
@@ -327,6 +336,8 @@ class Worker:
             return self._settlement(run, Event.CANCEL, Outcome.CANCELLED, error=exc.reason)
         except asyncio.CancelledError:
             raise
+        except ChildFailed as exc:
+            return self._failure(run, Outcome.FAILED, str(exc), tb=exc.traceback, final=exc.final)
         except Exception as exc:
             final = isinstance(exc, job_type.options.non_retryable)
             return self._failure(

@@ -18,6 +18,7 @@ LAYERS = [
         in {
             "conveyor._registry",
             "conveyor._blocking",
+            "conveyor._isolation",
             "conveyor.context",
             "conveyor.client",
             "conveyor.worker",
