@@ -157,3 +157,30 @@ async def test_second_signal_stops_at_once(client: Conveyor, workers: WorkerProc
     assert rerun.attempt == 2
     assert [a.outcome for a in await job.attempts()] == [Outcome.LOST]
 
+
+
+async def test_sigkill_at_60_percent_resumes_from_the_last_checkpoint(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    await client.migrate()
+    job = await client.submit("video", {"frames": 200})
+    first = workers.start(*FAST)
+    seen: list[float] = []
+    killed = False
+    async with asyncio.timeout(60):
+        while not (await job.refresh()).terminal:
+            if job.progress is not None:
+                seen.append(job.progress.done)
+            if not killed and job.progress is not None and job.progress.done >= 120:
+                first.send_signal(signal.SIGKILL)
+                first.wait(10)
+                killed = True
+                workers.start(*FAST)
+            await asyncio.sleep(0.02)
+    assert job.status is Status.SUCCEEDED
+    resumed = job.result["resumed_from"]
+    assert 110 <= resumed <= 200, f"resumed from frame {resumed}"
+    assert seen == sorted(seen), "progress went backwards for a reader"
+    assert [a.outcome for a in await job.attempts()] == [Outcome.LOST, Outcome.SUCCEEDED]
+    starts = [r.event for r in workers.records() if r.job_id == job.id]
+    assert starts == ["resume@0", f"resume@{resumed}"]

@@ -327,3 +327,99 @@ async def test_eventually_helper_times_out() -> None:
 
     with pytest.raises(TimeoutError):
         await eventually(never, timeout=0.1)
+
+
+async def test_cancel_of_a_running_sync_job(app: Conveyor) -> None:
+    started = threading.Event()
+
+    @app.job()
+    def polite(ctx: JobContext) -> str:
+        started.set()
+        while True:
+            ctx.raise_if_cancelled()
+            time.sleep(0.01)
+
+    @app.job()
+    async def next_one(ctx: JobContext) -> str:
+        return "served"
+
+    job = await polite.submit()
+    async with running_worker(app, lease=0.6):
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        await app.cancel(job.id)
+        await settled(job, Status.CANCELLED)
+        after = await next_one.submit()
+        await settled(after, Status.SUCCEEDED)
+    assert [a.outcome for a in await job.attempts()] == [Outcome.CANCELLED]
+
+
+async def test_a_sync_handler_that_ignores_cancel_is_abandoned(app: Conveyor) -> None:
+    started = threading.Event()
+    finished = threading.Event()
+
+    @app.job()
+    def stubborn(ctx: JobContext) -> str:
+        started.set()
+        time.sleep(2.0)  # never looks at ctx.cancelled
+        finished.set()
+        return "too late"
+
+    @app.job()
+    async def next_one(ctx: JobContext) -> str:
+        return "served"
+
+    job = await stubborn.submit()
+    async with running_worker(app, lease=0.6, cancel_grace=0.3):
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        await app.cancel(job.id)
+        await settled(job, Status.CANCELLED)
+        assert not finished.is_set()
+        after = await next_one.submit()
+        await settled(after, Status.SUCCEEDED)
+        await asyncio.get_running_loop().run_in_executor(None, finished.wait, 10)
+        await asyncio.sleep(0.2)
+    await job.refresh()
+    assert job.status is Status.CANCELLED and job.result is None  # the late result is refused
+
+
+class CountingStore:
+    """Delegates to a real store and counts the calls that write progress."""
+
+    def __init__(self, inner, counts: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+        self._inner = inner
+        self._counts = counts
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._inner, name)
+
+    async def heartbeat(self, **kw):  # type: ignore[no-untyped-def]
+        if kw["progress"]:
+            self._counts["progress_writes"] = self._counts.get("progress_writes", 0) + 1
+        return await self._inner.heartbeat(**kw)
+
+
+async def test_ten_thousand_progress_calls_cost_a_few_writes(db_url: str) -> None:
+    counts: dict[str, int] = {}
+
+    class CountingConveyor(Conveyor):
+        def new_store(self):  # type: ignore[no-untyped-def]
+            return CountingStore(super().new_store(), counts)
+
+    app = CountingConveyor(db_url)
+
+    @app.job()
+    async def chatty(ctx: JobContext) -> int:
+        for i in range(10_000):
+            ctx.progress(i + 1, 10_000)
+            if i % 100 == 0:
+                await asyncio.sleep(0.025)  # about 2.5 s in all
+        return 10_000
+
+    job = await chatty.submit()
+    try:
+        async with running_worker(app, lease=3.0):
+            await settled(job, Status.SUCCEEDED)
+    finally:
+        await app.close()
+    assert 1 <= counts["progress_writes"] <= 6  # about one a second, plus the final settle
+    assert job.progress is not None and job.progress.done == 10_000

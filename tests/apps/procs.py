@@ -48,3 +48,16 @@ def sync_sleepy(ctx: JobContext, seconds: float) -> dict[str, int]:
         time.sleep(0.01)
     record(ctx, "end")
     return {"pid": os.getpid()}
+
+
+@app.job(max_attempts=3, backoff="100ms")
+async def video(ctx: JobContext, frames: int) -> dict[str, int]:
+    """A video-like job: progress every frame, a checkpoint every 10 frames."""
+    start = (ctx.state or {}).get("frame", 0)
+    record(ctx, f"resume@{start}")
+    for frame in range(start, frames):
+        await asyncio.sleep(0.02)
+        ctx.progress(frame + 1, frames)
+        if (frame + 1) % 10 == 0:
+            await ctx.checkpoint({"frame": frame + 1})
+    return {"frames": frames, "resumed_from": start}

@@ -60,9 +60,14 @@ WHERE (id, lease_token) IN (
 RETURNING id, cancel_requested;
 
 -- name: write_progress
--- Store a running job's latest progress, fenced by its lease.
+-- Store a running job's latest progress, fenced by its lease. Against the same total,
+-- progress never moves backwards, so a retry resuming from an older checkpoint does not
+-- make readers see the bar shrink.
 UPDATE conveyor_jobs
-SET progress_done = :done, progress_total = :total, progress_message = :message
+SET progress_done = CASE WHEN progress_total IS :total AND progress_done > :done
+                         THEN progress_done ELSE :done END,
+    progress_total = :total,
+    progress_message = :message
 WHERE id = :id AND lease_token = :token AND status = 'running';
 
 -- name: touch_worker
@@ -79,7 +84,10 @@ SET status = :status,
     run_at = CASE WHEN :status = 'queued' THEN :now + :retry_delay ELSE run_at END,
     finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
     attempt = attempt - :refund,
-    progress_done = coalesce(:progress_done, progress_done),
+    progress_done = CASE WHEN :progress_done IS NULL THEN progress_done
+                         WHEN progress_total IS :progress_total AND progress_done > :progress_done
+                         THEN progress_done
+                         ELSE :progress_done END,
     progress_total = CASE WHEN :progress_done IS NULL THEN progress_total ELSE :progress_total END,
     progress_message = CASE WHEN :progress_done IS NULL THEN progress_message
                             ELSE :progress_message END,

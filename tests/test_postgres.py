@@ -1,0 +1,463 @@
+"""What only the PostgreSQL backend does, against a real server: transactional submit,
+the database clock, LISTEN/NOTIFY, connection errors, migrations and the claim index.
+
+Every test gets a new database (the ``postgres_database`` fixture) that is dropped after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from conveyor import (
+    ConfigurationError,
+    Conveyor,
+    DatabaseUnavailable,
+    JobContext,
+    JobNotFound,
+    NotAConveyorDatabase,
+    Status,
+    Submission,
+)
+from conveyor.core.model import NewJob
+from conveyor.store import create_store
+from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres.backend import _MIGRATIONS, _Q
+from tests.helpers import eventually, running_worker, settled
+
+psycopg = pytest.importorskip("psycopg")
+
+
+@pytest.fixture
+def url(postgres_database: str) -> str:
+    return postgres_database
+
+
+@pytest.fixture
+async def app(url: str) -> AsyncIterator[Conveyor]:
+    application = Conveyor(url)
+    seen: list[str] = []
+
+    @application.job()
+    async def remember(ctx: JobContext, note: str) -> str:
+        seen.append(note)
+        return note
+
+    application.seen = seen  # type: ignore[attr-defined]
+    yield application
+    await application.close()
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(url)
+    await s.open()
+    yield s
+    await s.close()
+
+
+def new(job_id: str, **kw: object) -> NewJob:
+    base: dict[str, object] = {"id": job_id, "type": "t", "payload": {"n": 1}}
+    base.update(kw)
+    return NewJob(**base)  # type: ignore[arg-type]
+
+
+# -- transactional submit -------------------------------------------------------------
+
+
+async def test_a_job_submitted_in_a_rolled_back_transaction_does_not_exist(
+    app: Conveyor, url: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+        await conn.commit()
+        await conn.execute("INSERT INTO orders VALUES (1)")
+        job = await app.submit("remember", {"note": "order 1"}, connection=conn)
+        assert job.status is Status.QUEUED
+        with pytest.raises(JobNotFound):
+            await app.get(job.id)  # not visible outside the transaction before commit
+        await conn.rollback()
+    with pytest.raises(JobNotFound):
+        await app.get(job.id)
+
+
+async def test_a_job_submitted_in_a_committed_transaction_runs(app: Conveyor, url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+        await conn.execute("INSERT INTO orders VALUES (2)")
+        jobs = await app.submit_many(
+            [Submission("remember", {"note": f"order 2, mail {i}"}) for i in range(3)],
+            connection=conn,
+        )
+        await conn.commit()
+    async with running_worker(app):
+        for job in jobs:
+            await settled(await app.get(job.id), Status.SUCCEEDED)
+    assert sorted(app.seen) == [f"order 2, mail {i}" for i in range(3)]  # type: ignore[attr-defined]
+
+
+async def test_an_autocommit_connection_commits_the_submit_on_its_own(
+    app: Conveyor, url: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        job = await app.submit("remember", {"note": "now"}, connection=conn)
+        assert (await app.get(job.id)).status is Status.QUEUED
+        # Inside the application's transaction block, the submit joins it (a savepoint).
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                inner = await app.submit("remember", {"note": "never"}, connection=conn)
+                raise RuntimeError("the request failed")
+    with pytest.raises(JobNotFound):
+        await app.get(inner.id)
+
+
+def test_a_sync_psycopg_connection_takes_part_in_its_transaction(url: str) -> None:
+    app = Conveyor(url)
+
+    @app.job()
+    def mail(ctx: JobContext, to: str) -> None: ...
+
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT 1")  # the transaction is open, as in a web request
+            dropped = app.sync.submit("mail", {"to": "a@example.com"}, connection=conn)
+            conn.rollback()
+            kept = app.sync.submit("mail", {"to": "b@example.com"}, connection=conn)
+            conn.commit()
+        with pytest.raises(JobNotFound):
+            app.sync.get(dropped.id)
+        assert app.sync.get(kept.id).status is Status.QUEUED
+    finally:
+        app.sync.close()
+
+
+async def test_idempotent_ids_and_unique_keys_hold_through_an_application_connection(
+    app: Conveyor, url: str
+) -> None:
+    first = await app.submit("remember", {"note": "x"}, id="req-1", unique_key="k")
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        again = await app.submit("remember", {"note": "x"}, id="req-1", connection=conn)
+        same_key = await app.submit("remember", {"note": "y"}, unique_key="k", connection=conn)
+        await conn.commit()
+    assert again.id == first.id and same_key.id == first.id
+
+
+async def test_a_connection_that_is_not_psycopg_is_refused(app: Conveyor) -> None:
+    with pytest.raises(ConfigurationError, match="psycopg"):
+        await app.submit("remember", {"note": "x"}, connection=object())
+
+
+async def test_sqlite_refuses_an_application_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
+
+    @app.job()
+    async def remember(ctx: JobContext, note: str) -> None: ...
+
+    try:
+        with pytest.raises(ConfigurationError, match="PostgreSQL only"):
+            await app.submit("remember", {"note": "x"}, connection=object())
+    finally:
+        await app.close()
+
+
+# -- the database clock ---------------------------------------------------------------
+
+
+async def test_a_machine_whose_clock_is_ten_minutes_ahead_does_not_rescue_live_leases(
+    url: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.submit([new("live")])
+    (held,) = await store.claim(worker_id="honest", queues=["default"], limit=1, lease=30)
+
+    # This machine's clock now runs ten minutes ahead: every lease looks expired by it.
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 600)
+    skewed = create_store(url)  # a production store, as a worker on that machine opens it
+    await skewed.open()
+    try:
+        assert await skewed.rescue(limit=100, jitter=0.0) == []
+        after = await skewed.get("live")
+        assert after is not None and after.status is Status.RUNNING
+        assert after.lease_token == held.lease_token
+        assert after.lease_expires_at == held.lease_expires_at
+        # Its idea of now is the server's, not its own.
+        assert abs((await skewed.now()).timestamp() - real_time()) < 60
+    finally:
+        await skewed.close()
+
+    # Control: a store that trusted this machine's clock would take the live lease, so
+    # the check above is not vacuous.
+    trusting = create_store(url, clock=time.time)
+    await trusting.open()
+    try:
+        assert [r.job_id for r in await trusting.rescue(limit=100, jitter=0.0)] == ["live"]
+    finally:
+        await trusting.close()
+
+
+async def test_leases_and_run_at_are_server_times(store: PostgresStore) -> None:
+    await store.submit([new("soon", delay=3600)])
+    server_now = await store.now()
+    job = await store.get("soon")
+    assert job is not None
+    assert job.run_at - server_now == pytest.approx(timedelta(hours=1), abs=timedelta(seconds=5))
+    assert await store.claim(worker_id="w", queues=["default"], limit=1, lease=30) == []
+
+
+# -- notifications --------------------------------------------------------------------
+
+
+async def _listening(url: str, count: int = 1) -> None:
+    """Wait until ``count`` sessions of this database wait on LISTEN."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+
+        async def ready() -> bool:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE '%%LISTEN conveyor_job_ready%%'"
+            )
+            row = await cur.fetchone()
+            return row is not None and row[0] >= count
+
+        await eventually(ready, timeout=10)
+
+
+async def test_wait_for_jobs_returns_at_once_on_submit_and_reports_cancels(
+    url: str, store: PostgresStore
+) -> None:
+    await store.wait_for_jobs(0.01)  # starts listening
+    await _listening(url)
+    await store.wait_for_jobs(0.5)  # the wake-up that follows LISTEN
+
+    other = PostgresStore(url)
+    await other.open()
+    try:
+        waiting = asyncio.create_task(store.wait_for_jobs(30))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await other.submit([new("a"), new("b")])
+        assert await asyncio.wait_for(waiting, 10) == frozenset()
+
+        await other.claim(worker_id="w", queues=["default"], limit=2, lease=30)
+        await store.wait_for_jobs(0)  # drain
+        waiting = asyncio.create_task(store.wait_for_jobs(30))
+        await other.cancel("a", reason="stop")
+        assert await asyncio.wait_for(waiting, 10) == {"a"}
+    finally:
+        await other.close()
+
+
+async def test_an_idle_worker_starts_a_new_job_long_before_its_next_poll(
+    app: Conveyor, url: str
+) -> None:
+    started = asyncio.Event()
+
+    @app.job()
+    async def wake(ctx: JobContext) -> None:
+        started.set()
+
+    async with running_worker(app, poll_interval=30.0):
+        await _listening(url)
+        # Let the claim that follows LISTEN pass, so only a notification can start the job.
+        await asyncio.sleep(0.3)
+        submitted = time.monotonic()
+        await wake.submit()
+        await asyncio.wait_for(started.wait(), 10)  # the next poll is 30 s away
+        latency = time.monotonic() - submitted
+    assert latency < 10
+
+
+async def test_a_cancel_request_reaches_the_running_handler_before_any_heartbeat(
+    app: Conveyor, url: str
+) -> None:
+    running = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.job()
+    async def endless(ctx: JobContext) -> None:
+        running.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    # A 60 s lease: the heartbeat (which would also report the request) comes every 20 s.
+    async with running_worker(app, lease=60.0, poll_interval=30.0):
+        await _listening(url)
+        job = await endless.submit()
+        await asyncio.wait_for(running.wait(), 10)
+        await app.cancel(job.id, reason="user asked")
+        await asyncio.wait_for(stopped.wait(), 10)
+        await settled(job, Status.CANCELLED)
+    assert job.error == "user asked"
+
+
+# -- connection errors ----------------------------------------------------------------
+
+
+async def test_an_unreachable_server_is_a_clear_database_unavailable() -> None:
+    app = Conveyor("postgresql://conveyor@127.0.0.1:1/jobs")
+    with pytest.raises(DatabaseUnavailable) as caught:
+        await app.get("x")
+    message = str(caught.value)
+    assert "127.0.0.1:1" in message and "'jobs'" in message
+    assert "server is running" in message
+
+
+def test_the_cli_reports_an_unreachable_server_without_a_traceback() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "conveyor", "status", "--database-url",
+         "postgresql://conveyor:hunter2@127.0.0.1:1/jobs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "cannot connect to PostgreSQL at 127.0.0.1:1" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "postgresql://app@db:notaport/jobs",
+        "postgresql://app@db/jobs?no_such_option=1",
+        "postgresql://[::1/jobs",
+    ],
+)
+def test_a_malformed_url_is_a_configuration_error(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="PostgreSQL URL"):
+        Conveyor(bad)
+
+
+def test_a_password_never_appears_in_errors() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Conveyor("postgresql://app:s3cret@db:notaport/jobs")
+    assert "s3cret" not in str(caught.value)
+
+
+async def test_a_missing_database_says_to_create_it(url: str) -> None:
+    app = Conveyor(url.rsplit("/", 1)[0] + "/conveyor_no_such_database")
+    with pytest.raises(DatabaseUnavailable, match="does not exist.*createdb"):
+        await app.get("x")
+
+
+# -- migrations -----------------------------------------------------------------------
+
+
+async def test_migrations_apply_once_however_many_run_them_at_once(url: str) -> None:
+    stores = [PostgresStore(url, migrate=False) for _ in range(8)]
+    try:
+        applied = await asyncio.gather(*(s.migrate() for s in stores))
+        assert sorted(applied, key=len) == [[]] * 7 + [[name for _, name, _ in _MIGRATIONS]]
+        assert await asyncio.gather(*(s.migrate() for s in stores)) == [[]] * 8
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT version FROM conveyor_migrations ORDER BY version")
+        assert [r[0] for r in await cur.fetchall()] == list(range(1, len(_MIGRATIONS) + 1))
+
+
+async def test_many_workers_opening_a_new_database_at_once_migrate_it_once(url: str) -> None:
+    stores = [PostgresStore(url) for _ in range(8)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        await stores[0].submit([new("a")])
+        assert (await stores[7].get("a")) is not None
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_a_database_with_application_tables_is_used_not_refused(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        assert (await store.submit([new("a")]))[0].created
+    finally:
+        await store.close()
+
+
+async def test_missing_migrations_without_migrate_say_what_to_run(url: str) -> None:
+    store = PostgresStore(url, migrate=False)
+    with pytest.raises(ConfigurationError, match="conveyor migrate"):
+        await store.open()
+    assert await store.migrate() == [name for _, name, _ in _MIGRATIONS]
+    await store.open()
+    await store.close()
+
+
+async def test_a_foreign_conveyor_jobs_table_is_refused(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_jobs (id integer)")
+    with pytest.raises(NotAConveyorDatabase, match="conveyor_jobs"):
+        await PostgresStore(url).open()
+
+
+# -- claims ---------------------------------------------------------------------------
+
+
+def _buffers(plan: dict) -> int:  # type: ignore[type-arg]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+async def test_claim_reads_a_few_pages_with_100k_queued_jobs_in_two_queues(
+    url: str, store: PostgresStore
+) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO conveyor_jobs (id, type, queue, payload, status, priority, "
+            "max_attempts, run_at, backoff_base, backoff_cap, created_at) "
+            "SELECT lpad(g::text, 26, '0'), 't', CASE WHEN g % 10 = 0 THEN 'media' "
+            "ELSE 'default' END, '{}', 'queued', g % 3, 3, now() - make_interval(secs => g), "
+            "1, 60, now() FROM generate_series(1, 100000) AS g"
+        )
+        await conn.execute("ANALYZE conveyor_jobs")
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _Q["claim"],
+            {"worker_id": "w", "queues": ["default", "media"], "limit": 10, "lease": 30.0,
+             "now": None},
+        )
+        row = await cur.fetchone()
+    plan = (json.loads(row[0]) if isinstance(row[0], str) else row[0])[0]["Plan"]
+    # Claiming 10 jobs touches pages for those 10 rows and their index entries, not the
+    # 100,000 rows that wait: a sort of every due row would read thousands of pages.
+    assert _buffers(plan) < 400, plan
+    claimed = await store.claim(worker_id="w", queues=["default", "media"], limit=10, lease=30)
+    assert [j.priority for j in claimed] == [0] * 10
+
+
+async def test_concurrent_claims_never_share_a_job(url: str, store: PostgresStore) -> None:
+    await store.submit([new(f"j{i:04d}") for i in range(1000)])
+    stores = [PostgresStore(url) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    claimed: list[str] = []
+
+    async def drain(s: PostgresStore, name: str) -> None:
+        while batch := await s.claim(worker_id=name, queues=["default"], limit=7, lease=30):
+            claimed.extend(j.id for j in batch)
+
+    try:
+        await asyncio.gather(*(drain(s, f"w{i}") for i, s in enumerate(stores)))
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    assert sorted(claimed) == [f"j{i:04d}" for i in range(1000)]
+
+
+async def test_payloads_and_results_come_back_exactly_as_written(store: PostgresStore) -> None:
+    payload = {"z": 1, "a": [1.0, 1e300, "\u0000"], "m": {"y": None, "b": True}}
+    (submitted,) = await store.submit([new("a", payload=payload)])
+    job = await store.get("a")
+    assert job is not None
+    assert json.dumps(job.payload) == json.dumps(payload)
+    assert json.dumps(submitted.job.payload) == json.dumps(payload)
