@@ -45,6 +45,7 @@ from conveyor.errors import (
     ConveyorError,
     DatabaseUnavailable,
     IdempotencyConflict,
+    InvalidDependency,
     InvalidPayload,
     JobNotFound,
     UnknownJobType,
@@ -85,7 +86,13 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         _fail(str(exc), EXIT_NOT_FOUND)
     except DatabaseUnavailable as exc:
         _fail(str(exc), EXIT_UNAVAILABLE)
-    except (ConfigurationError, UnknownJobType, InvalidPayload, IdempotencyConflict) as exc:
+    except (
+        ConfigurationError,
+        UnknownJobType,
+        InvalidPayload,
+        InvalidDependency,
+        IdempotencyConflict,
+    ) as exc:
         _fail(str(exc), EXIT_USAGE)
     except ConveyorError as exc:
         _fail(str(exc), EXIT_JOB_FAILED)
@@ -389,7 +396,7 @@ async def _follow(job: JobHandle, timeout: float | None) -> None:
 
 @main.group()
 def jobs() -> None:
-    """List, show and cancel jobs."""
+    """List, show, cancel and retry jobs."""
 
 
 @jobs.command("list")
@@ -457,12 +464,15 @@ def _status_text(r: Job) -> str:
 @click.argument("job_id")
 @_app_option
 @_url_option
-def jobs_show(job_id: str, app_spec: str | None, database_url: str | None) -> None:
-    """Show one job with its attempts."""
+@click.option("--follow", "-f", is_flag=True, help="Follow the job's progress until it ends.")
+def jobs_show(job_id: str, app_spec: str | None, database_url: str | None, follow: bool) -> None:
+    """Show one job with its attempts (--follow: a live progress bar until it ends)."""
     app = _app_from(app_spec, database_url)
 
     async def go() -> tuple[JobHandle, list[Any]]:
         job = await app.get(job_id)
+        if follow and not job.terminal:
+            await _follow(job, None)
         return job, await job.attempts()
 
     job, attempts = _run(go())
@@ -536,6 +546,17 @@ def jobs_cancel(job_id: str, app_spec: str | None, database_url: str | None) -> 
         console.print(f"job {job.id} is running: its worker was asked to stop it")
     else:
         _fail(f"job {job.id} is already {job.status.value}", EXIT_JOB_FAILED)
+
+
+@jobs.command("retry")
+@click.argument("job_id")
+@_app_option
+@_url_option
+def jobs_retry(job_id: str, app_spec: str | None, database_url: str | None) -> None:
+    """Retry a failed or cancelled job as a new job (the old one is kept as it is)."""
+    app = _app_from(app_spec, database_url)
+    job = _run(app.retry(job_id))
+    console.print(f"job {job_id} retried as [bold]{job.id}[/]")
 
 
 # -- status ----------------------------------------------------------------------------

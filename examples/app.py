@@ -1,5 +1,6 @@
 """An example application: a fast job, a slow job that reports progress, a flaky job that
-succeeds on a retry and a job that always fails.
+succeeds on a retry, a job that always fails, a video-like job that checkpoints so a
+crash resumes where it was, and a bulk import that fans out to children and fans in.
 
 Run it with ``conveyor demo examples.app:app`` (what ``scripts/demo`` does), or::
 
@@ -47,6 +48,52 @@ def always_fails(ctx: JobContext, reason: str = "the printer is on fire") -> Non
     raise RuntimeError(reason)
 
 
+@app.job(timeout="1h", lease="30s")
+async def transcode(ctx: JobContext, path: str, frames: int = 120) -> dict[str, object]:
+    """A video-like job: progress every frame, a checkpoint every 20 frames.
+
+    Kill its worker and another worker resumes it from the last checkpoint.
+    """
+    start = (ctx.state or {}).get("frame", 0)
+    for frame in range(start, frames):
+        await asyncio.sleep(0.03)  # "encode" one frame
+        ctx.progress(frame + 1, frames, f"frame {frame + 1}/{frames}")
+        if (frame + 1) % 20 == 0:
+            await ctx.checkpoint({"frame": frame + 1})
+    ctx.result_ref = f"{path}.mp4"
+    return {"output": f"{path}.mp4", "resumed_from": start}
+
+
+@app.job()
+async def import_rows(ctx: JobContext, rows: int, chunk: int = 250) -> str:
+    """A bulk job: one child per chunk of rows, then a fan-in child that sums them up.
+
+    The parent is ``waiting`` until every child has ended, then ``succeeded``.
+    """
+    chunks = [
+        Submission("import_chunk", {"start": s, "stop": min(s + chunk, rows)}, id=f"{ctx.id}.{s}")
+        for s in range(0, rows, chunk)
+    ]
+    summary = Submission(
+        "summarize_import", {}, id=f"{ctx.id}.summary", depends_on=tuple(c.id or "" for c in chunks)
+    )
+    await ctx.spawn_many([*chunks, summary])
+    return f"{len(chunks)} chunks"
+
+
+@app.job(max_attempts=3, backoff="1s")
+async def import_chunk(ctx: JobContext, start: int, stop: int) -> int:
+    await asyncio.sleep(0.2)
+    return stop - start
+
+
+@app.job()
+async def summarize_import(ctx: JobContext) -> dict[str, int]:
+    """Fan-in: reads the results of the chunks it depends on."""
+    counts = await ctx.dependency_results()
+    return {"chunks": len(counts), "rows": sum(counts.values())}
+
+
 async def seed(app: Conveyor) -> list[JobHandle]:
     """Submit one of each, and a few fast ones, for ``conveyor demo``."""
     return await app.submit_many(
@@ -55,5 +102,7 @@ async def seed(app: Conveyor) -> list[JobHandle]:
             Submission("resize_images", {"count": 20}),
             Submission("flaky_upload", {"name": "report.pdf"}),
             Submission("always_fails", {}),
+            Submission("transcode", {"path": "holiday.mov", "frames": 60}),
+            Submission("import_rows", {"rows": 1000}),
         ]
     )
