@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import doctest
 import importlib
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
-from conveyor.core import durations, ids, lifecycle, model, retry
+from conveyor.core import cron, durations, ids, lifecycle, model, retry
+from conveyor.core.cron import CatchUp, Cron, plan, tick_id
 from conveyor.core.lifecycle import TRANSITIONS, Event, IllegalTransition, Status, transition
 from conveyor.core.model import Outcome, after_failure
 from conveyor.core.retry import Backoff, backoff_delay
 
 
-@pytest.mark.parametrize("module", [durations, ids, lifecycle, model, retry])
+@pytest.mark.parametrize("module", [cron, durations, ids, lifecycle, model, retry])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(importlib.import_module(module.__name__))  # type: ignore[attr-defined]
     assert result.attempted > 0
@@ -97,3 +100,61 @@ def test_ids_sort_by_time_and_are_unique() -> None:
     generated = [ids.new_id(1_700_000_000 + i / 1000) for i in range(1000)]
     assert generated == sorted(generated)
     assert len(set(generated)) == 1000
+
+
+def _utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "message"),
+    [
+        ("61 * * * *", "UTC", "invalid cron expression"),
+        ("* * *", "UTC", "five fields"),
+        ("every day", "UTC", "five fields"),
+        ("0 2 * * *", "Mars/Olympus", "unknown timezone 'Mars/Olympus'"),
+    ],
+)
+def test_bad_cron_says_what_to_write(expression: str, zone: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Cron(expression, zone)
+
+
+def test_spring_forward_neither_crashes_nor_doubles() -> None:
+    # 02:30 does not exist in Paris on 2026-03-29; the tick moves, once.
+    c = Cron("30 2 * * *", "Europe/Paris")
+    ticks, t = [], _utc(2026, 3, 27, 12, 0)
+    for _ in range(4):
+        t = c.next_after(t)
+        ticks.append(t)
+    assert len(set(ticks)) == 4
+    assert [x.day for x in ticks] == [28, 29, 30, 31]
+
+
+def test_fall_back_fires_a_daily_schedule_once() -> None:
+    # 02:30 happens twice in Paris on 2026-10-25; a daily schedule fires on one of them.
+    c = Cron("30 2 * * *", "Europe/Paris")
+    ticks, t = [], _utc(2026, 10, 23, 12, 0)
+    for _ in range(4):
+        t = c.next_after(t)
+        ticks.append(t)
+    assert [x.day for x in ticks] == [24, 25, 26, 27]
+
+
+def test_catch_up_policies_after_ten_missed_ticks() -> None:
+    c = Cron("* * * * *")
+    start = _utc(2026, 1, 1, 12, 0)
+    now = start + timedelta(minutes=9, seconds=50)  # ticks 12:00..12:09 are all late
+    common = {"next_run_at": start, "now": now, "grace": 30.0}
+    skip = plan(c, catch_up=CatchUp.SKIP, backfill_limit=0, **common)  # type: ignore[arg-type]
+    once = plan(c, catch_up=CatchUp.ONCE, backfill_limit=0, **common)  # type: ignore[arg-type]
+    back = plan(c, catch_up=CatchUp.BACKFILL, backfill_limit=4, **common)  # type: ignore[arg-type]
+    assert skip.ticks == () and skip.missed == 10
+    assert once.ticks == (_utc(2026, 1, 1, 12, 9),)
+    assert [t.minute for t in back.ticks] == [6, 7, 8, 9]
+    assert skip.next_run_at == once.next_run_at == back.next_run_at == _utc(2026, 1, 1, 12, 10)
+
+
+def test_tick_ids_are_the_same_everywhere() -> None:
+    tick = _utc(2026, 1, 1, 0, 0)
+    assert tick_id("a", tick) == tick_id("a", tick.astimezone(ZoneInfo("Asia/Tokyo")))

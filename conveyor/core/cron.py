@@ -1,0 +1,132 @@
+"""Cron arithmetic: which ticks of a schedule are due, and what a catch-up policy fires.
+
+Pure functions of the expression, the timezone and the times given; the maintenance duty
+passes the database's now. Expressions have five fields (minute hour day month weekday)
+or six with seconds first (``*/10 * * * * *``: every ten seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
+
+# Enough to catch up any realistic downtime; bounds the work after a very long one.
+_MAX_TICKS = 10_000
+
+
+class CatchUp(StrEnum):
+    """What a schedule fires for ticks missed while no worker was running."""
+
+    SKIP = "skip"  # fire none of them; resume with the next tick
+    ONCE = "once"  # fire one job for all of them
+    BACKFILL = "backfill"  # fire one job per missed tick, the latest backfill_limit of them
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A validated cron expression in a timezone."""
+
+    expression: str
+    timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        fields = self.expression.split()
+        if len(fields) not in (5, 6):
+            raise ValueError(
+                f"invalid cron expression {self.expression!r}: use five fields "
+                "(minute hour day month weekday) or six with seconds first"
+            )
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown timezone {self.timezone!r}: use an IANA name such as 'Europe/Paris'"
+            ) from None
+        try:
+            croniter(self.expression, second_at_beginning=True)
+        except (CroniterError, ValueError, KeyError) as exc:
+            raise ValueError(f"invalid cron expression {self.expression!r}: {exc}") from None
+
+    def next_after(self, moment: datetime) -> datetime:
+        """Return the first tick strictly after ``moment``, in UTC.
+
+        >>> Cron("0 2 * * *", "Europe/Paris").next_after(datetime(2026, 6, 30, 12, tzinfo=UTC))
+        datetime.datetime(2026, 7, 1, 0, 0, tzinfo=datetime.timezone.utc)
+        """
+        # Iterate wall-clock times, then place each in the zone: a wall time that occurs
+        # twice (autumn) takes its first occurrence and one that does not exist (spring)
+        # takes the zone's standard offset, so a daily schedule fires once either way.
+        zone = ZoneInfo(self.timezone)
+        wall = moment.astimezone(zone).replace(tzinfo=None)
+        ticks = croniter(self.expression, wall, second_at_beginning=True)
+        while True:
+            candidate: datetime = ticks.get_next(datetime).replace(tzinfo=zone, fold=0)
+            result = candidate.astimezone(UTC)
+            if result > moment:
+                return result
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """The ticks to fire now and the schedule's next tick."""
+
+    ticks: tuple[datetime, ...]
+    next_run_at: datetime
+    missed: int
+
+
+def plan(
+    cron: Cron,
+    *,
+    next_run_at: datetime,
+    now: datetime,
+    catch_up: CatchUp,
+    backfill_limit: int,
+    grace: float,
+) -> Firing:
+    """Decide which ticks to fire when a schedule's ``next_run_at`` has come.
+
+    A due tick seen within ``grace`` seconds fires under every policy; ticks older than
+    that were missed (no worker ran then) and follow ``catch_up``.
+
+    >>> from datetime import timedelta
+    >>> c = Cron("* * * * *")
+    >>> t0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    >>> [t.minute for t in plan(c, next_run_at=t0, now=t0 + timedelta(seconds=5),
+    ...       catch_up=CatchUp.SKIP, backfill_limit=0, grace=30).ticks]
+    [0]
+    >>> f = plan(c, next_run_at=t0, now=t0 + timedelta(minutes=10, seconds=40),
+    ...          catch_up=CatchUp.BACKFILL, backfill_limit=3, grace=30)
+    >>> [t.minute for t in f.ticks], f.next_run_at.minute, f.missed
+    ([8, 9, 10], 11, 11)
+    """
+    due: list[datetime] = []
+    tick = next_run_at
+    while tick <= now and len(due) < _MAX_TICKS:
+        due.append(tick)
+        tick = cron.next_after(tick)
+    if tick <= now:  # more than _MAX_TICKS behind: jump ahead
+        tick = cron.next_after(now)
+    on_time = [t for t in due if (now - t).total_seconds() <= grace]
+    missed = [t for t in due if (now - t).total_seconds() > grace]
+    if catch_up is CatchUp.SKIP or not missed:
+        fire = on_time
+    elif catch_up is CatchUp.ONCE:
+        fire = on_time or missed[-1:]
+    else:
+        fire = missed[-backfill_limit:] if backfill_limit > 0 else []
+        fire = fire + on_time
+    return Firing(ticks=tuple(fire), next_run_at=tick, missed=len(missed))
+
+
+def tick_id(schedule: str, tick: datetime) -> str:
+    """The id of the job a schedule fires for a tick: the same on every worker.
+
+    >>> tick_id("nightly", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    'cron:nightly:2026-01-02T03:04:05Z'
+    """
+    return f"cron:{schedule}:{tick.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
