@@ -11,11 +11,14 @@ from typing import Any
 
 import pydantic
 
+from conveyor.core.auth import Principal
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.retry import Backoff
 from conveyor.errors import ConfigurationError, InvalidPayload, UnknownJobType
 
 Handler = Callable[..., Any]
+# May the principal submit this payload? False or an exception refuses; may be async.
+Authorize = Callable[[Principal, dict[str, Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +34,32 @@ class JobOptions:
     priority: int = 0
     non_retryable: tuple[type[BaseException], ...] = ()
     isolation: str | None = None  # None: on the worker; "process": in a child process
+    # An extra check for submits through the REST API: (principal, payload) -> bool.
+    authorize: Authorize | None = None
+    concurrency: int | None = None  # at most this many at once per worker process
+    global_concurrency: int | None = None  # at most this many running across the cluster
+    key_concurrency: int | None = None  # at most this many running per concurrency_key
+    rate_limit: tuple[int, float] | None = None  # at most N starts per window, cluster-wide
+    retention: tuple[tuple[str, float], ...] = ()  # (status, seconds) overrides
 
     def __post_init__(self) -> None:
+        for option in ("concurrency", "global_concurrency", "key_concurrency"):
+            value = getattr(self, option)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigurationError(
+                    f"{option} of {self.name!r} must be a positive integer, not {value!r}"
+                )
+        for status, _seconds in self.retention:
+            if status not in ("succeeded", "failed", "cancelled"):
+                raise ConfigurationError(
+                    f"retention of {self.name!r}: {status!r} is not a final status; use "
+                    "succeeded, failed or cancelled"
+                )
+        if self.authorize is not None and not callable(self.authorize):
+            raise ConfigurationError(
+                f"authorize of {self.name!r} takes a function (principal, payload) -> bool, "
+                f"not {self.authorize!r}"
+            )
         if self.isolation not in (None, "process"):
             raise ConfigurationError(
                 f"isolation of {self.name!r} must be None or 'process', not {self.isolation!r}"

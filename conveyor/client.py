@@ -20,7 +20,15 @@ and ``job.sync.wait()``: the same code paths, run on a portal loop.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import inspect
+import json
 import os
+import secrets
+import socket
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,23 +37,56 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from conveyor import _blocking
-from conveyor._registry import JobOptions, JobType, Registry, optional_seconds
+from conveyor._registry import Authorize, JobOptions, JobType, Registry, optional_seconds
 from conveyor._registry import _check_queue as check_queue
+from conveyor._resource import job_resource, job_url
+from conveyor.core.auth import (
+    Principal,
+    Role,
+    Token,
+    check_tenant,
+    format_token,
+    hash_secret,
+    secret_matches,
+    split_token,
+)
+from conveyor.core.cron import CatchUp, Cron, Schedule
 from conveyor.core.durations import Duration
+from conveyor.core.flow import parse_rate
+from conveyor.core.health import assess
 from conveyor.core.ids import new_id
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, as_utc
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
+    ConveyorError,
+    Forbidden,
     IdempotencyConflict,
     InvalidDependency,
     InvalidPayload,
     JobNotFound,
+    LeaseHeld,
+    ScheduleNotFound,
+    TokenNotFound,
 )
-from conveyor.store import JobQuery, QueueInfo, Store, Submitted, WorkerInfo, create_store
+from conveyor.store import (
+    HealthCounts,
+    JobPageQuery,
+    JobQuery,
+    LeaseRecord,
+    QueueInfo,
+    Retention,
+    ScheduleInfo,
+    Store,
+    Submitted,
+    WorkerInfo,
+    create_store,
+)
 
 if TYPE_CHECKING:
+    from starlette.responses import JSONResponse
+
     from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -53,6 +94,10 @@ R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
 _MAX_ID = 200
+# last_used_at of a token is written at most this often (seconds), not on every request.
+_TOUCH_EVERY = 60.0
+# Compared against when a token id is unknown, so that both paths hash and compare.
+_NO_SECRET = "0" * 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +116,7 @@ class Submission:
     unique_key: str | None = None
     tenant: str | None = None
     depends_on: tuple[str, ...] = ()
+    concurrency_key: str | None = None
 
 
 class JobHandle:
@@ -144,6 +190,24 @@ class JobHandle:
         """Blocking versions of this handle's coroutine methods."""
         return _blocking.Blocking(self)
 
+    def accepted(
+        self, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+    ) -> JSONResponse:
+        """Return a ``202 Accepted`` response whose ``Location`` is this job's resource.
+
+        For an application's own Starlette or FastAPI endpoints: ``return job.accepted()``
+        answers as ``POST /jobs`` does, with the job resource as body. ``prefix`` is where
+        the conveyor API serves jobs (``"/api/jobs"`` when it is mounted at ``/api``).
+        """
+        from starlette.responses import JSONResponse
+
+        location = job_url(prefix, self.id)
+        return JSONResponse(
+            job_resource(self.record, prefix),
+            status_code=202,
+            headers={"Location": location, **(headers or {})},
+        )
+
 
 class JobDefinition(Generic[P, R]):
     """A registered handler: call it like the function, or submit jobs of its type."""
@@ -184,12 +248,14 @@ class Conveyor:
         # Parse the URL now so a malformed one fails at start-up, not at the first submit.
         create_store(self.url, clock=clock, migrate=migrate)
         self.registry = Registry()
+        self.schedules: dict[str, Schedule] = {}
         self._stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Store] = (
             weakref.WeakKeyDictionary()
         )
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        self._tokens_touched: dict[str, float] = {}  # token id -> monotonic time written
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url}>"
@@ -214,6 +280,12 @@ class Conveyor:
         priority: int = 0,
         non_retryable: Iterable[type[BaseException]] = (),
         isolation: str | None = None,
+        authorize: Authorize | None = None,
+        concurrency: int | None = None,
+        global_concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate_limit: str | None = None,
+        retention: Mapping[str, Duration] | None = None,
     ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
     def job(
@@ -230,11 +302,23 @@ class Conveyor:
         priority: int = 0,
         non_retryable: Iterable[type[BaseException]] = (),
         isolation: str | None = None,
+        authorize: Authorize | None = None,
+        concurrency: int | None = None,
+        global_concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate_limit: str | None = None,
+        retention: Mapping[str, Duration] | None = None,
     ) -> JobDefinition[P, R] | Callable[[Callable[P, R]], JobDefinition[P, R]]:
         """Register a handler as a job type (usable as ``@app.job`` or ``@app.job(...)``).
 
         ``isolation="process"`` runs each attempt in a child process that can be killed
-        on timeout or cancel, and whose crash only fails the attempt.
+        on timeout or cancel, and whose crash only fails the attempt. Flow control:
+        ``concurrency`` (per worker process), ``global_concurrency`` (across the cluster;
+        1 makes a singleton), ``key_concurrency`` (per ``concurrency_key`` given at
+        submit), ``rate_limit`` such as ``"100/m"`` (starts, across the cluster).
+        ``retention`` overrides how long finished jobs are kept, e.g. ``{"succeeded": "1h"}``.
+        ``authorize(principal, payload) -> bool`` is an extra check for submits through
+        the REST API: returning False or raising refuses the job with 403.
         """
 
         def register(handler: Callable[P, R]) -> JobDefinition[P, R]:
@@ -252,6 +336,15 @@ class Conveyor:
                 priority=priority,
                 non_retryable=tuple(non_retryable),
                 isolation=isolation,
+                authorize=authorize,
+                concurrency=concurrency,
+                global_concurrency=global_concurrency,
+                key_concurrency=key_concurrency,
+                rate_limit=_rate(rate_limit),
+                retention=tuple(
+                    (status, optional_seconds(value, f"retention {status}") or 0.0)
+                    for status, value in (retention or {}).items()
+                ),
             )
             job_type = JobType(handler, options)
             self.registry.add(job_type)
@@ -311,6 +404,7 @@ class Conveyor:
         unique_key: str | None = None,
         tenant: str | None = None,
         depends_on: Sequence[str] = (),
+        concurrency_key: str | None = None,
         connection: Any = None,
     ) -> JobHandle:
         """Submit one job; it is committed when this returns.
@@ -335,6 +429,7 @@ class Conveyor:
             unique_key=unique_key,
             tenant=tenant,
             depends_on=tuple(depends_on),
+            concurrency_key=concurrency_key,
         )
         return (await self.submit_many([submission], connection=connection))[0]
 
@@ -403,6 +498,7 @@ class Conveyor:
             backoff_cap=options.backoff.cap,
             tenant=s.tenant,
             unique_key=s.unique_key,
+            concurrency_key=s.concurrency_key,
             depends_on=_dependency_ids(s.depends_on),
         )
 
@@ -507,6 +603,116 @@ class Conveyor:
         check_queue(queue)
         await (await self.store()).set_paused(queue, False)
 
+    # -- schedules ----------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        job: str | JobDefinition[Any, Any],
+        payload: Mapping[str, JSON] | None = None,
+        *,
+        timezone: str = "UTC",
+        catch_up: str = "skip",
+        backfill_limit: int = 10,
+        grace: Duration | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> Schedule:
+        """Declare a cron schedule; workers sync it to the database when they start.
+
+        Each tick fires exactly once across all workers. ``catch_up`` says what happens
+        to ticks missed while no worker ran: ``skip`` them, run ``once`` for all of
+        them, or ``backfill`` each (the latest ``backfill_limit``).
+        """
+        type_name = job.name if isinstance(job, JobDefinition) else job
+        job_type = self.registry.get(type_name)
+        options = job_type.options
+        try:
+            schedule = Schedule(
+                name=name,
+                cron=Cron(cron, timezone),
+                type=type_name,
+                payload=job_type.validate(payload or {}),
+                queue=queue if queue is not None else options.queue,
+                priority=priority if priority is not None else options.priority,
+                max_attempts=options.max_attempts,
+                timeout=options.timeout,
+                lease=options.lease,
+                backoff_base=options.backoff.base,
+                backoff_cap=options.backoff.cap,
+                catch_up=CatchUp(catch_up),
+                backfill_limit=backfill_limit,
+                grace=optional_seconds(grace, "grace"),
+            )
+        except ValueError as exc:
+            if isinstance(exc, ConveyorError):
+                raise
+            raise ConfigurationError(f"schedule {name!r}: {exc}") from None
+        if name in self.schedules and self.schedules[name] != schedule:
+            raise ConfigurationError(f"schedule {name!r} is declared twice")
+        self.schedules[name] = schedule
+        return schedule
+
+    async def sync_schedules(self) -> None:
+        """Write the schedules declared in code to the database."""
+        if self.schedules:
+            await (await self.store()).sync_schedules(list(self.schedules.values()))
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return await (await self.store()).schedules()
+
+    async def enable_schedule(self, name: str, enabled: bool = True) -> ScheduleInfo:
+        """Enable (or, with ``enabled=False``, disable) a schedule."""
+        info = await (await self.store()).set_schedule_enabled(name, enabled)
+        if info is None:
+            raise ScheduleNotFound(name)
+        return info
+
+    async def run_schedule(self, name: str) -> JobHandle:
+        """Submit a schedule's job now, outside its ticks."""
+        job = await (await self.store()).run_schedule(name)
+        if job is None:
+            raise ScheduleNotFound(name)
+        return JobHandle(self, job)
+
+    # -- named leases and retention -----------------------------------------------------
+
+    def lease(self, name: str, *, ttl: Duration = 60, owner: str | None = None) -> NamedLease:
+        """A named distributed lease: ``async with app.lease("export", ttl="60s") as lease:``.
+
+        Raises :class:`LeaseHeld` when another holder has it. The lease renews itself in
+        the background every ttl/3; ``lease.token`` is a fencing token, and ``lease.lost``
+        turns true if renewal fails. Use ``with`` instead of ``async with`` in code that is
+        not async.
+        """
+        return NamedLease(self, name, ttl=optional_seconds(ttl, "ttl") or 60.0, owner=owner)
+
+    async def lease_history(self, name: str) -> list[LeaseRecord]:
+        """The current and last holders of a named lease, newest first."""
+        return await (await self.store()).lease_history(name)
+
+    def retention(self, base: Retention | None = None) -> Retention:
+        """The retention policy: ``base`` (or the defaults) with the job types' overrides."""
+        base = base or Retention()
+        per_type = {
+            t.name: dict(t.options.retention)
+            for t in (self.registry.get(n) for n in self.registry.names())
+            if t.options.retention
+        }
+        return dataclasses.replace(base, per_type={**base.per_type, **per_type})
+
+    async def prune(self, retention: Retention | None = None, *, batch: int = 500) -> int:
+        """Delete finished job trees older than their retention, in small batches."""
+        store = await self.store()
+        policy = self.retention(retention)
+        total = 0
+        while True:
+            deleted = await store.prune(policy, limit=batch)
+            total += deleted
+            if deleted == 0:
+                return total
+
     # -- workers ------------------------------------------------------------------------
 
     def worker(self, options: WorkerOptions | None = None) -> Worker:
@@ -519,6 +725,302 @@ class Conveyor:
     def sync(self) -> Any:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
         return _blocking.Blocking(self)
+
+    # -- the REST API's reads, health and tokens ----------------------------------------
+
+    async def submit_many_reporting(
+        self, submissions: Sequence[Submission]
+    ) -> list[tuple[JobHandle, bool]]:
+        """Submit as :meth:`submit_many`; also say whether each job was created by this call.
+
+        False means an existing job was returned: the same id, or an active job holding
+        the same ``unique_key``.
+        """
+        new_jobs = self.prepare(submissions)
+        results = await (await self.store()).submit(new_jobs)
+        handles = self.handles(new_jobs, results)
+        return [(h, r.created) for h, r in zip(handles, results, strict=True)]
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[JobHandle]:
+        """Return the jobs that exist among ``job_ids``, in one query, in no given order."""
+        if not job_ids:
+            return []
+        jobs = await (await self.store()).get_many(list(dict.fromkeys(job_ids)))
+        return [JobHandle(self, j) for j in jobs]
+
+    async def page_jobs(
+        self,
+        *,
+        status: Iterable[Status | str] = (),
+        type: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        top_level: bool = False,
+        newest_first: bool = True,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """Return one page of jobs in creation order and the cursor of the next page.
+
+        Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
+        ``cursor`` (with the same filters) for the following page; ``next`` is None on
+        the last page. ``top_level`` leaves out jobs that have a parent.
+        """
+        try:
+            statuses = tuple(Status(s) for s in status)
+        except ValueError as exc:
+            known = ", ".join(s.value for s in Status)
+            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
+        query = JobPageQuery(
+            status=statuses,
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=parent_id,
+            root_id=root_id,
+            created_after=as_utc(created_after) if created_after else None,
+            created_before=as_utc(created_before) if created_before else None,
+            top_level=top_level,
+            newest_first=newest_first,
+            after=_decode_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        jobs = await (await self.store()).page_jobs(query)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        following = _encode_cursor(jobs[-1]) if more and jobs else None
+        return JobPage([JobHandle(self, j) for j in jobs], following)
+
+    async def health(self, *, stale_after: float = 60.0) -> Health:
+        """Report the cluster's health: counts and ``healthy``, ``degraded`` or ``unhealthy``.
+
+        A worker heartbeat older than ``stale_after`` seconds is stale.
+        """
+        counts = await (await self.store()).health()
+        age = None
+        if counts.last_heartbeat is not None:
+            age = max(0.0, (counts.now - counts.last_heartbeat).total_seconds())
+        status = assess(
+            workers=counts.workers,
+            stale_running=counts.stale_running,
+            heartbeat_age=age,
+            stale_after=stale_after,
+        )
+        return Health(status=status, counts=counts, heartbeat_age=age)
+
+    async def create_token(
+        self, *, tenant: str, role: Role | str, name: str | None = None
+    ) -> tuple[Token, str]:
+        """Create an API token; return it and its secret, which is not kept: show it once."""
+        try:
+            check_tenant(tenant)
+            role = Role(role)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{exc}" if "tenant" in str(exc) else "a role is read, write or admin"
+            ) from None
+        if name is not None and (len(name) > 200 or "\x00" in name):
+            raise ConfigurationError("a token name must be at most 200 characters, without NUL")
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        store = await self.store()
+        token = Token(
+            id=token_id,
+            tenant=tenant,
+            role=role,
+            secret_hash=hash_secret(secret),
+            name=name,
+            created_at=await store.now(),
+        )
+        await store.create_token(token)
+        return token, format_token(token_id, secret)
+
+    async def authenticate(self, presented: str) -> Principal | None:
+        """Return the principal of a presented API token, or None if it is not valid.
+
+        Unknown, malformed and revoked tokens are all None. The secret's digest is compared
+        in constant time; ``last_used_at`` is written at most once a minute per token.
+        """
+        parts = split_token(presented)
+        if parts is None:
+            return None
+        token_id, secret = parts
+        token = await (await self.store()).find_token(token_id)
+        matches = secret_matches(secret, token.secret_hash if token else _NO_SECRET)
+        if token is None or not matches or not token.active:
+            return None
+        now = time.monotonic()
+        if now - self._tokens_touched.get(token_id, -_TOUCH_EVERY) >= _TOUCH_EVERY:
+            self._tokens_touched[token_id] = now
+            await (await self.store()).touch_token(token_id)
+        return token.principal()
+
+    async def list_tokens(self) -> list[Token]:
+        """Return every API token (revoked ones too), newest first."""
+        return await (await self.store()).list_tokens()
+
+    async def revoke_token(self, token_id: str) -> Token:
+        """Revoke an API token: requests bearing it are refused from now on."""
+        token = await (await self.store()).revoke_token(token_id)
+        if token is None:
+            raise TokenNotFound(token_id)
+        self._tokens_touched.pop(token_id, None)
+        return token
+
+    async def authorize(
+        self, principal: Principal, type: str, payload: Mapping[str, JSON]
+    ) -> None:
+        """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden.
+
+        Types without a check, and types this application does not know (submitting them
+        fails anyway), pass.
+        """
+        job_type = self.registry.find(type)
+        check = job_type.options.authorize if job_type is not None else None
+        if job_type is None or check is None:
+            return
+        data = job_type.validate(payload)
+        try:
+            allowed = check(principal, data)
+            if inspect.isawaitable(allowed):
+                allowed = await allowed
+        except Forbidden:
+            raise
+        except Exception as exc:
+            raise Forbidden(
+                f"the authorisation check of {type!r} refused this payload for tenant "
+                f"{principal.tenant!r}: {exc}"
+            ) from None
+        if not allowed:
+            raise Forbidden(
+                f"tenant {principal.tenant!r} may not submit {type!r} jobs with this payload "
+                "(refused by the job type's authorisation check)"
+            )
+
+
+class NamedLease:
+    """A held named lease; see :meth:`Conveyor.lease`."""
+
+    def __init__(self, app: Conveyor, name: str, *, ttl: float, owner: str | None) -> None:
+        if ttl < 0.3:
+            raise ConfigurationError("a lease ttl must be at least 0.3 seconds")
+        self.app = app
+        self.name = name
+        self.ttl = ttl
+        self.owner = owner or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.token = 0
+        self.expires_at: datetime | None = None
+        self._lost = asyncio.Event()
+        self._renewer: asyncio.Task[None] | None = None
+        self._held = False
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease could not be renewed: stop acting on its behalf."""
+        return self._lost.is_set()
+
+    async def wait_lost(self) -> None:
+        """Return when the lease is lost."""
+        await self._lost.wait()
+
+    async def acquire(self) -> NamedLease:
+        store = await self.app.store()
+        record = await store.acquire_lease(self.name, owner=self.owner, ttl=self.ttl)
+        if record.owner != self.owner:
+            raise LeaseHeld(self.name, record.owner, record.expires_at)
+        self.token, self.expires_at, self._held = record.token, record.expires_at, True
+        self._renewer = asyncio.create_task(self._renew(store), name=f"conveyor-lease-{self.name}")
+        return self
+
+    async def _renew(self, store: Store) -> None:
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                expires = await store.renew_lease(self.name, token=self.token, ttl=self.ttl)
+            except Exception:
+                # The database may be briefly away: keep trying while the lease can still
+                # be valid, and give it up before it could expire unnoticed.
+                if time.monotonic() - renewed > self.ttl * 0.8:
+                    self._lost.set()
+                    return
+                continue
+            if expires is None:
+                self._lost.set()
+                return
+            renewed, self.expires_at = time.monotonic(), expires
+
+    async def release(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self._held and not self.lost:
+            await (await self.app.store()).release_lease(self.name, token=self.token)
+        self._held = False
+
+    async def __aenter__(self) -> NamedLease:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    def __enter__(self) -> NamedLease:
+        return _blocking.run(self.acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        _blocking.run(self.release())
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of jobs and the cursor of the next page (None on the last page)."""
+
+    jobs: list[JobHandle]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The cluster's health: ``healthy``, ``degraded`` or ``unhealthy``, and its counts."""
+
+    status: str
+    counts: HealthCounts
+    heartbeat_age: float | None  # seconds since the newest worker heartbeat
+
+
+def _encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, job_id = json.loads(raw)
+        if not isinstance(job_id, str) or not isinstance(created, str):
+            raise ValueError(cursor)
+        return as_utc(datetime.fromisoformat(created)), job_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ConfigurationError(
+            "cursor is not one this server handed out: use the `next` of the previous page, "
+            "or leave it out for the first page"
+        ) from None
+
+
+def _rate(value: str | None) -> tuple[int, float] | None:
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:
@@ -540,7 +1042,7 @@ def _check_acyclic(jobs: Sequence[NewJob]) -> None:
         if state.get(node) == 2 or node not in edges:
             return
         if state.get(node) == 1:
-            cycle = " -> ".join([*path[path.index(node):], node])
+            cycle = " -> ".join([*path[path.index(node) :], node])
             raise InvalidDependency(f"dependency cycle: {cycle}; a job cannot wait for itself")
         state[node] = 1
         for upstream in edges[node]:
@@ -552,4 +1054,3 @@ def _check_acyclic(jobs: Sequence[NewJob]) -> None:
 
 
 __all__ = ["Conveyor", "JobDefinition", "JobHandle", "Submission"]
-

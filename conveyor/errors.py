@@ -63,21 +63,56 @@ class InvalidState(ConveyorError):
     """The job's status does not allow the requested action."""
 
 
+class LeaseHeld(ConveyorError):
+    """A named lease is held by another owner."""
+
+    def __init__(self, name: str, holder: str, expires_at: Any) -> None:
+        until = f" until {expires_at.isoformat()}" if expires_at is not None else ""
+        super().__init__(f"lease {name!r} is held by {holder}{until}; try again later")
+        self.name = name
+        self.holder = holder
+        self.expires_at = expires_at
+
+
+class ScheduleNotFound(ConveyorError):
+    """No schedule has the given name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}; `conveyor schedules list` shows them")
+        self.name = name
+
+
 class LeaseLost(ConveyorError):
     """This worker no longer holds the job's lease; its writes are refused."""
+
+
+class Forbidden(ConveyorError):
+    """A job type's ``authorize=`` check refused a principal this payload."""
+
+
+class TokenNotFound(ConveyorError):
+    """No API token has the given id."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"no token with id {token_id!r}; see them with `conveyor tokens list`")
+        self.token_id = token_id
 
 
 __all__ = [
     "ConfigurationError",
     "ConveyorError",
     "DatabaseUnavailable",
+    "Forbidden",
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidDependency",
     "InvalidPayload",
     "InvalidState",
     "JobNotFound",
+    "LeaseHeld",
     "LeaseLost",
     "NotAConveyorDatabase",
+    "ScheduleNotFound",
+    "TokenNotFound",
     "UnknownJobType",
 ]

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from conveyor.store import Rescued, Store
+from conveyor.store import Rescued, Retention, Store
 
 log = logging.getLogger("conveyor.maintenance")
 
@@ -57,6 +57,41 @@ class ParentFinisher:
         for job_id in finished:
             log.info("finished waiting parent %s", job_id)
         return finished
+
+
+@dataclass
+class CronFirer:
+    """Fires due schedule ticks; each tick fires once however many workers run this."""
+
+    store: Store
+    batch: int = 100
+
+    async def run_once(self) -> list[str]:
+        fired = await self.store.fire_schedules(limit=self.batch)
+        for job_id in fired:
+            log.info("fired %s", job_id)
+        return fired
+
+
+@dataclass
+class Pruner:
+    """Deletes finished job trees older than their retention, in small batches."""
+
+    store: Store
+    retention: Retention
+    batch: int = 500
+    max_batches: int = 20  # per run, so one run never holds the database for long
+
+    async def run_once(self) -> int:
+        total = 0
+        for _ in range(self.max_batches):
+            deleted = await self.store.prune(self.retention, limit=self.batch)
+            total += deleted
+            if deleted == 0:
+                break
+        if total:
+            log.info("pruned %d finished jobs", total)
+        return total
 
 
 class Duty(Protocol):

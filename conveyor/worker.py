@@ -41,8 +41,8 @@ from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
 from conveyor.errors import ConfigurationError, ConveyorError
-from conveyor.maintenance import ParentFinisher, Rescuer, every
-from conveyor.store import Lease, Store, WorkerInfo
+from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every
+from conveyor.store import Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
     from conveyor.client import Conveyor, JobHandle, Submission
@@ -61,6 +61,9 @@ class WorkerOptions:
     cancel_grace: float = 5.0
     poll_interval: float = 1.0
     rescue_interval: float = 5.0
+    cron_interval: float = 1.0
+    prune_interval: float = 60.0
+    retention: Retention | None = None  # None: the defaults with the job types' overrides
     burst: bool = False
     worker_id: str | None = None
 
@@ -69,11 +72,12 @@ class WorkerOptions:
             raise ConfigurationError("concurrency must be an integer from 1 to 10000")
         if self.lease < 0.3:
             raise ConfigurationError("lease must be at least 0.3 seconds")
-        for name in ("grace", "cancel_grace", "poll_interval", "rescue_interval"):
+        for name in ("grace", "cancel_grace"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{name} must not be negative")
-        if self.poll_interval <= 0 or self.rescue_interval <= 0:
-            raise ConfigurationError("poll_interval and rescue_interval must be positive")
+        for name in ("poll_interval", "rescue_interval", "cron_interval", "prune_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be positive")
         if self.queues is not None and not self.queues:
             raise ConfigurationError("queues, when given, must name at least one queue")
 
@@ -123,6 +127,14 @@ class Worker:
             max_workers=options.concurrency, thread_name_prefix="conveyor-handler"
         )
         self.processed = 0
+        self._limited = [
+            t
+            for t in (app.registry.get(name) for name in app.registry.names())
+            if t.options.concurrency
+            or t.options.global_concurrency
+            or t.options.key_concurrency
+            or t.options.rate_limit
+        ]
 
     # -- public -------------------------------------------------------------------------
 
@@ -152,6 +164,8 @@ class Worker:
             self.options.concurrency,
             self.options.lease,
         )
+        if self.app.schedules:
+            await store.sync_schedules(list(self.app.schedules.values()))
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         settler = asyncio.create_task(self._settle_loop(), name="conveyor-settle")
@@ -160,10 +174,18 @@ class Worker:
             every(self.options.rescue_interval, Rescuer(store), self._maintenance_stop),
             name="conveyor-rescue",
         )
-        finisher = asyncio.create_task(
-            every(self.options.rescue_interval, ParentFinisher(store), self._maintenance_stop),
-            name="conveyor-finish-parents",
-        )
+        duties = [
+            asyncio.create_task(every(interval, duty, self._maintenance_stop), name=name)
+            for name, interval, duty in (
+                ("conveyor-finish-parents", self.options.rescue_interval, ParentFinisher(store)),
+                ("conveyor-cron", self.options.cron_interval, CronFirer(store)),
+                (
+                    "conveyor-prune",
+                    self.options.prune_interval,
+                    Pruner(store, self.app.retention(self.options.retention)),
+                ),
+            )
+        ]
         try:
             await self._produce(store)
             await self._drain()
@@ -172,7 +194,7 @@ class Worker:
             listener.cancel()
             self._stopping = True
             self._settle_ready.set()
-            await asyncio.gather(settler, rescuer, finisher, listener, return_exceptions=True)
+            await asyncio.gather(settler, rescuer, listener, *duties, return_exceptions=True)
             heartbeat.stop()
             await asyncio.get_running_loop().run_in_executor(None, heartbeat.join)
             try:
@@ -208,7 +230,11 @@ class Worker:
             if free > 0:
                 try:
                     claimed = await store.claim(
-                        worker_id=self.id, queues=self.queues, limit=free, lease=self.options.lease
+                        worker_id=self.id,
+                        queues=self.queues,
+                        limit=free,
+                        lease=self.options.lease,
+                        limits=self._limits(),
                     )
                     if failures:
                         log.warning("database reachable again; claiming resumed")
@@ -233,6 +259,34 @@ class Worker:
                 await asyncio.wait_for(self._wakeup.wait(), self.options.poll_interval)
             except TimeoutError:
                 pass
+
+    def _limits(self) -> Limits | None:
+        """The flow control this claim must respect, or None when no type has any."""
+        if not self._limited:
+            return None
+        running: dict[str, int] = {}
+        for run in self.held():
+            if not run.done:
+                running[run.job.type] = running.get(run.job.type, 0) + 1
+        local = {
+            t.name: t.options.concurrency - running.get(t.name, 0)
+            for t in self._limited
+            if t.options.concurrency is not None
+        }
+        return Limits(
+            local=local,
+            cluster={
+                t.name: t.options.global_concurrency
+                for t in self._limited
+                if t.options.global_concurrency is not None
+            },
+            per_key={
+                t.name: t.options.key_concurrency
+                for t in self._limited
+                if t.options.key_concurrency is not None
+            },
+            rate={t.name: t.options.rate_limit for t in self._limited if t.options.rate_limit},
+        )
 
     async def _sleep(self, seconds: float) -> None:
         try:

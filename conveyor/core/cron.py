@@ -14,6 +14,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from conveyor.core.model import NewJob
+
 # Enough to catch up any realistic downtime; bounds the work after a very long one.
 _MAX_TICKS = 10_000
 
@@ -130,3 +132,69 @@ def tick_id(schedule: str, tick: datetime) -> str:
     'cron:nightly:2026-01-02T03:04:05Z'
     """
     return f"cron:{schedule}:{tick.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A named cron schedule and the job it fires on each tick."""
+
+    name: str
+    cron: Cron
+    type: str
+    payload: dict[str, object]
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 3
+    timeout: float | None = None
+    lease: float | None = None
+    backoff_base: float = 1.0
+    backoff_cap: float = 3600.0
+    catch_up: CatchUp = CatchUp.SKIP
+    backfill_limit: int = 10
+    grace: float | None = None  # None: half the gap between ticks, at most 60 s
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 200 or "\x00" in self.name:
+            raise ValueError("a schedule name must be 1 to 200 characters")
+        if self.backfill_limit < 0:
+            raise ValueError("backfill_limit must not be negative")
+        if self.grace is not None and self.grace < 0:
+            raise ValueError("grace must not be negative")
+
+    def grace_at(self, tick: datetime) -> float:
+        """Seconds a tick may be late and still count as on time."""
+        if self.grace is not None:
+            return self.grace
+        gap = (self.cron.next_after(tick) - tick).total_seconds()
+        return min(60.0, gap / 2)
+
+
+def plan_schedule(schedule: Schedule, *, next_run_at: datetime, now: datetime) -> Firing:
+    """Plan a schedule's firing with its own catch-up policy and grace."""
+    return plan(
+        schedule.cron,
+        next_run_at=next_run_at,
+        now=now,
+        catch_up=schedule.catch_up,
+        backfill_limit=schedule.backfill_limit,
+        grace=schedule.grace_at(next_run_at),
+    )
+
+
+def schedule_job(schedule: Schedule, tick: datetime, *, manual: bool = False) -> NewJob:
+    """The job a schedule fires for ``tick`` (or, ``manual``, when run by hand)."""
+    job_id = tick_id(schedule.name, tick)
+    if manual:
+        job_id = job_id.replace("cron:", "cron-manual:", 1)
+    return NewJob(
+        id=job_id,
+        type=schedule.type,
+        payload=dict(schedule.payload),
+        queue=schedule.queue,
+        priority=schedule.priority,
+        max_attempts=schedule.max_attempts,
+        timeout=schedule.timeout,
+        lease=schedule.lease,
+        backoff_base=schedule.backoff_base,
+        backoff_cap=schedule.backoff_cap,
+    )

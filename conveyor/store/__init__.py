@@ -8,10 +8,16 @@ from collections.abc import Callable
 from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import (
     Beat,
+    HealthCounts,
+    JobPageQuery,
     JobQuery,
     Lease,
+    LeaseRecord,
+    Limits,
     QueueInfo,
     Rescued,
+    Retention,
+    ScheduleInfo,
     Store,
     Submitted,
     WorkerInfo,
@@ -54,10 +60,16 @@ def create_store(
 
 __all__ = [
     "Beat",
+    "HealthCounts",
+    "JobPageQuery",
     "JobQuery",
     "Lease",
+    "LeaseRecord",
+    "Limits",
     "QueueInfo",
     "Rescued",
+    "Retention",
+    "ScheduleInfo",
     "Store",
     "Submitted",
     "WorkerInfo",

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from conveyor.core.auth import Token
+from conveyor.core.cron import Schedule
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 
@@ -78,12 +80,104 @@ class JobQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class JobPageQuery:
+    """Filters for one page of jobs in creation order, with keyset pagination.
+
+    ``after`` is the ``(created_at, id)`` of the last job of the previous page; the page
+    holds the jobs that sort after it (older ones when ``newest_first``).
+    """
+
+    status: tuple[Status, ...] = ()
+    type: str | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    created_after: datetime | None = None  # inclusive
+    created_before: datetime | None = None  # exclusive
+    top_level: bool = False  # only jobs without a parent
+    newest_first: bool = True
+    after: tuple[datetime, str] | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCounts:
+    """What the store knows about the cluster's health, read in one query."""
+
+    queued: int
+    due: int  # queued and runnable now
+    running: int
+    stale_running: int  # running with an expired lease, not yet rescued
+    workers: int  # workers ever registered
+    live_workers: int  # registered and not stopped
+    last_heartbeat: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Rescued:
     """A job whose lease expired, and what became of it."""
 
     job_id: str
     worker_id: str | None
     status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Flow control a claim must respect, per job type.
+
+    ``local``: how many more jobs of a type this worker may start now. ``cluster``: at
+    most this many running across all workers (running jobs whose lease expired do not
+    count). ``per_key``: at most this many running per ``concurrency_key``. ``rate``:
+    at most ``count`` starts in any ``window`` seconds, across all workers.
+    """
+
+    local: Mapping[str, int] = field(default_factory=dict)
+    cluster: Mapping[str, int] = field(default_factory=dict)
+    per_key: Mapping[str, int] = field(default_factory=dict)
+    rate: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.local or self.cluster or self.per_key or self.rate)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A schedule as stored, with its state."""
+
+    schedule: Schedule
+    enabled: bool
+    next_run_at: datetime
+    last_run_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A holder of a named lease, current or past."""
+
+    name: str
+    owner: str
+    token: int
+    acquired_at: datetime
+    expires_at: datetime | None = None  # current holders
+    ended_at: datetime | None = None  # past holders
+    ended: str | None = None  # "released" or "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long finished jobs are kept, per status, with per-type overrides (seconds)."""
+
+    succeeded: float = 86_400.0
+    failed: float = 7 * 86_400.0
+    cancelled: float = 7 * 86_400.0
+    per_type: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def seconds(self, status: str, job_type: str | None = None) -> float:
+        override = self.per_type.get(job_type or "", {})
+        return float(override.get(status, getattr(self, status)))
 
 
 class Store(Protocol):
@@ -124,9 +218,18 @@ class Store(Protocol):
         """Return a job's attempts, oldest first."""
 
     async def claim(
-        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        limits: Limits | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` due jobs: status running, new token, attempt + 1."""
+        """Lease up to ``limit`` due jobs: status running, new token, attempt + 1.
+
+        Jobs held back by ``limits`` stay queued and do not block other types or keys.
+        """
 
     async def heartbeat(
         self,
@@ -177,6 +280,44 @@ class Store(Protocol):
         transactions), and is safe to run on every worker at once.
         """
 
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
+        """Create or update schedules declared in code (a changed cron restarts its ticks)."""
+
+    async def fire_schedules(self, *, limit: int) -> list[str]:
+        """Fire due schedule ticks; return the ids of the jobs created.
+
+        Each tick fires once across all workers: the schedule's next tick is advanced by
+        compare-and-set in the same transaction as the insert of a job whose id derives
+        from the schedule and the tick.
+        """
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Return every schedule."""
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
+        """Enable or disable a schedule; None if it does not exist."""
+
+    async def run_schedule(self, name: str) -> Job | None:
+        """Submit a schedule's job now, outside its ticks; None if it does not exist."""
+
+    async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
+        """Take a named lease with a new token, or return its current holder unchanged.
+
+        The caller holds the lease when the returned record's owner is ``owner``.
+        """
+
+    async def renew_lease(self, name: str, *, token: int, ttl: float) -> datetime | None:
+        """Extend a held lease; None when the token no longer holds it."""
+
+    async def release_lease(self, name: str, *, token: int) -> bool:
+        """Give a lease up; False when the token no longer held it."""
+
+    async def lease_history(self, name: str) -> list[LeaseRecord]:
+        """Return the last holders of a lease, newest first."""
+
+    async def prune(self, retention: Retention, *, limit: int) -> int:
+        """Delete up to ``limit`` finished trees older than their retention; return jobs deleted."""
+
     async def register_worker(self, worker: WorkerInfo) -> None:
         """Record a worker process as started."""
 
@@ -199,3 +340,24 @@ class Store(Protocol):
         meanwhile, where the backend learns of them at once (PostgreSQL notifications);
         other backends report cancel requests through :meth:`heartbeat` only.
         """
+
+    async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        """Return one page of jobs matching ``query``, in creation order."""
+
+    async def health(self) -> HealthCounts:
+        """Return the counts the health check decides from."""
+
+    async def create_token(self, token: Token) -> None:
+        """Store a new API token (its secret's digest only)."""
+
+    async def find_token(self, token_id: str) -> Token | None:
+        """Return a token by id, revoked or not, or None."""
+
+    async def touch_token(self, token_id: str) -> None:
+        """Record that a token was just used."""
+
+    async def revoke_token(self, token_id: str) -> Token | None:
+        """Revoke a token (once; revoking again keeps the first time); None if unknown."""
+
+    async def list_tokens(self) -> list[Token]:
+        """Return every token, newest first."""

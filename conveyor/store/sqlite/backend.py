@@ -15,6 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from conveyor.core.auth import Role, Token
+from conveyor.core.cron import CatchUp, Cron, Schedule, plan_schedule, schedule_job
+from conveyor.core.flow import FlowCapacity
 from conveyor.core.lifecycle import (
     Status,
     children_error,
@@ -43,10 +46,16 @@ from conveyor.errors import (
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store.protocol import (
     Beat,
+    HealthCounts,
+    JobPageQuery,
     JobQuery,
     Lease,
+    LeaseRecord,
+    Limits,
     QueueInfo,
     Rescued,
+    Retention,
+    ScheduleInfo,
     Submitted,
     WorkerInfo,
 )
@@ -150,6 +159,60 @@ def parse_sqlite_url(url: str) -> str:
             "use a file such as sqlite:///conveyor.db"
         )
     return path
+
+
+def _schedule_params(s: Schedule) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "cron": s.cron.expression,
+        "timezone": s.cron.timezone,
+        "type": s.type,
+        "payload": json.dumps(s.payload, separators=(",", ":")),
+        "queue": s.queue,
+        "priority": s.priority,
+        "max_attempts": s.max_attempts,
+        "timeout": s.timeout,
+        "lease_seconds": s.lease,
+        "backoff_base": s.backoff_base,
+        "backoff_cap": s.backoff_cap,
+        "catch_up": s.catch_up.value,
+        "backfill_limit": s.backfill_limit,
+        "grace": s.grace,
+    }
+
+
+def _schedule(row: sqlite3.Row) -> ScheduleInfo:
+    return ScheduleInfo(
+        schedule=Schedule(
+            name=row["name"],
+            cron=Cron(row["cron"], row["timezone"]),
+            type=row["type"],
+            payload=json.loads(row["payload"]),
+            queue=row["queue"],
+            priority=row["priority"],
+            max_attempts=row["max_attempts"],
+            timeout=row["timeout"],
+            lease=row["lease_seconds"],
+            backoff_base=row["backoff_base"],
+            backoff_cap=row["backoff_cap"],
+            catch_up=CatchUp(row["catch_up"]),
+            backfill_limit=row["backfill_limit"],
+            grace=row["grace"],
+        ),
+        enabled=bool(row["enabled"]),
+        next_run_at=datetime.fromtimestamp(row["next_run_at"], UTC),
+        last_run_at=_ts(row["last_run_at"]),
+    )
+
+
+def _lease(row: sqlite3.Row) -> LeaseRecord:
+    return LeaseRecord(
+        name=row["name"],
+        owner=row["owner"] or "",
+        token=row["token"],
+        acquired_at=datetime.fromtimestamp(row["acquired_at"] or 0, UTC),
+        expires_at=_ts(row["expires_at"]),
+    )
 
 
 class SQLiteStore:
@@ -294,7 +357,11 @@ class SQLiteStore:
             for version, name, sql in _MIGRATIONS:
                 if version in done:
                     continue
-                for statement in sql.split(";"):
+                # Comments may hold semicolons; statements are split only outside them.
+                code = "\n".join(
+                    line for line in sql.splitlines() if not line.lstrip().startswith("--")
+                )
+                for statement in code.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(
@@ -441,7 +508,13 @@ class SQLiteStore:
     # -- the worker's hot path ----------------------------------------------------------
 
     async def claim(
-        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        limits: Limits | None = None,
     ) -> list[Job]:
         params = {
             "worker_id": worker_id,
@@ -450,11 +523,67 @@ class SQLiteStore:
             "lease": lease,
             "now": self._clock(),
         }
+        if limits:
+            flow = limits
+
+            def claim_limited(conn: sqlite3.Connection) -> list[Job]:
+                return self._claim_limited(conn, params, flow)
+
+            return await self._write(claim_limited)
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
             return [_job(r) for r in conn.execute(_Q["claim"], params).fetchall()]
 
         return await self._write(claim)
+
+    def _claim_limited(
+        self, conn: sqlite3.Connection, params: dict[str, Any], limits: Limits
+    ) -> list[Job]:
+        """Claim within concurrency and rate limits; the write lock makes the counts exact."""
+        now = params["now"]
+        capacity = FlowCapacity.start(limits)
+        if limits.cluster:
+            types = json.dumps(list(limits.cluster))
+            running = conn.execute(_Q["running_per_type"], {"now": now, "types": types})
+            capacity.count_running({r["type"]: r["n"] for r in running})
+        if limits.per_key:
+            types = json.dumps(list(limits.per_key))
+            per_key = conn.execute(_Q["running_per_key"], {"now": now, "types": types})
+            capacity.count_keys({(r["type"], r["concurrency_key"]): r["n"] for r in per_key})
+        for job_type, (_count, window) in limits.rate.items():
+            since = now - window
+            conn.execute(_Q["forget_rate_window"], {"type": job_type, "since": since})
+            used = conn.execute(_Q["rate_window_count"], {"type": job_type, "since": since})
+            capacity.count_rate(job_type, used.fetchone()[0])
+        taken: list[str] = []
+        taken_types: list[str] = []
+        for _ in range(8):  # each round blocks at least one more type or key
+            want = params["limit"] - len(taken)
+            rows = conn.execute(
+                _Q["claim_candidates"],
+                params
+                | {
+                    "limit": want,
+                    "blocked_types": json.dumps(sorted(capacity.blocked_types)),
+                    "blocked_keys": json.dumps(
+                        sorted(f"{t}\x1f{k}" for t, k in capacity.blocked_keys)
+                    ),
+                    "taken": json.dumps(taken),
+                },
+            ).fetchall()
+            for r in rows:
+                if capacity.take(r["type"], r["concurrency_key"]):
+                    taken.append(r["id"])
+                    taken_types.append(r["type"])
+            if len(rows) < want or len(taken) >= params["limit"]:
+                break
+        if not taken:
+            return []
+        for job_type in taken_types:
+            if job_type in limits.rate:
+                conn.execute(_Q["record_rate_start"], {"type": job_type, "now": now})
+        claimed = conn.execute(_Q["claim_ids"], params | {"ids": json.dumps(taken)}).fetchall()
+        return [_job(r) for r in claimed]
 
     async def heartbeat(
         self,
@@ -741,6 +870,202 @@ class SQLiteStore:
 
         return await self._write(finish)
 
+    # -- schedules ----------------------------------------------------------------------
+
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
+        now = self._clock()
+        moment = datetime.fromtimestamp(now, UTC)
+        rows = [
+            _schedule_params(s) | {"next_run_at": _epoch(s.cron.next_after(moment)), "now": now}
+            for s in schedules
+        ]
+
+        def sync(conn: sqlite3.Connection) -> None:
+            conn.executemany(_Q["upsert_schedule"], rows)
+
+        await self._write(sync)
+
+    async def fire_schedules(self, *, limit: int) -> list[str]:
+        now = self._clock()
+
+        def fire(conn: sqlite3.Connection) -> list[str]:
+            created = []
+            for row in conn.execute(_Q["due_schedules"], {"now": now, "limit": limit}).fetchall():
+                info = _schedule(row)
+                firing = plan_schedule(
+                    info.schedule,
+                    next_run_at=info.next_run_at,
+                    now=datetime.fromtimestamp(now, UTC),
+                )
+                moved = conn.execute(
+                    _Q["advance_schedule"],
+                    {
+                        "name": info.schedule.name,
+                        "expected": row["next_run_at"],
+                        "next_run_at": _epoch(firing.next_run_at),
+                        "last_run_at": _epoch(firing.ticks[-1])
+                        if firing.ticks
+                        else row["last_run_at"],
+                    },
+                ).rowcount
+                if moved != 1:
+                    continue  # another worker fired these ticks
+                for tick in firing.ticks:
+                    job = schedule_job(info.schedule, tick)
+                    submitted = self._insert(conn, job, self._new_job_params(job, now), now)
+                    if submitted.created:
+                        created.append(job.id)
+            return created
+
+        return await self._write(fire)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        def read(conn: sqlite3.Connection) -> list[ScheduleInfo]:
+            return [_schedule(r) for r in conn.execute(_Q["schedules"])]
+
+        return await self._run(read)
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
+        now = self._clock()
+
+        def toggle(conn: sqlite3.Connection) -> ScheduleInfo | None:
+            row = _one(conn.execute(_Q["get_schedule"], {"name": name}))
+            if row is None:
+                return None
+            cron = Cron(row["cron"], row["timezone"])
+            upcoming = _epoch(cron.next_after(datetime.fromtimestamp(now, UTC)))
+            params = {"name": name, "enabled": int(enabled), "next_run_at": upcoming, "now": now}
+            return _schedule(_one(conn.execute(_Q["set_schedule_enabled"], params)))
+
+        return await self._write(toggle)
+
+    async def run_schedule(self, name: str) -> Job | None:
+        now = self._clock()
+
+        def run(conn: sqlite3.Connection) -> Job | None:
+            row = _one(conn.execute(_Q["get_schedule"], {"name": name}))
+            if row is None:
+                return None
+            job = schedule_job(
+                _schedule(row).schedule, datetime.fromtimestamp(now, UTC), manual=True
+            )
+            return self._insert(conn, job, self._new_job_params(job, now), now).job
+
+        return await self._write(run)
+
+    # -- named leases -------------------------------------------------------------------
+
+    async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
+        now = self._clock()
+
+        def acquire(conn: sqlite3.Connection) -> LeaseRecord:
+            before = _one(conn.execute(_Q["get_lease"], {"name": name}))
+            row = _one(
+                conn.execute(
+                    _Q["take_lease"], {"name": name, "owner": owner, "ttl": ttl, "now": now}
+                )
+            )
+            if row is None:
+                return _lease(before)
+            if before is not None and before["owner"] is not None:
+                self._record_lease_end(conn, before, before["expires_at"], "expired")
+            return _lease(row)
+
+        return await self._write(acquire)
+
+    def _record_lease_end(
+        self, conn: sqlite3.Connection, row: sqlite3.Row, ended_at: float, how: str
+    ) -> None:
+        conn.execute(
+            _Q["record_lease_end"],
+            {
+                "name": row["name"],
+                "token": row["token"],
+                "owner": row["owner"],
+                "acquired_at": row["acquired_at"],
+                "ended_at": ended_at,
+                "ended": how,
+            },
+        )
+        conn.execute(_Q["trim_lease_history"], {"name": row["name"]})
+
+    async def renew_lease(self, name: str, *, token: int, ttl: float) -> datetime | None:
+        params = {"name": name, "token": token, "ttl": ttl, "now": self._clock()}
+
+        def renew(conn: sqlite3.Connection) -> datetime | None:
+            row = _one(conn.execute(_Q["renew_lease"], params))
+            return None if row is None else _ts(row["expires_at"])
+
+        return await self._write(renew)
+
+    async def release_lease(self, name: str, *, token: int) -> bool:
+        now = self._clock()
+
+        def release(conn: sqlite3.Connection) -> bool:
+            before = _one(conn.execute(_Q["get_lease"], {"name": name}))
+            row = _one(conn.execute(_Q["release_lease"], {"name": name, "token": token}))
+            if row is None or before is None:
+                return False
+            expired = before["expires_at"] is not None and before["expires_at"] <= now
+            ended_at = before["expires_at"] if expired else now
+            self._record_lease_end(conn, before, ended_at, "expired" if expired else "released")
+            return not expired
+
+        return await self._write(release)
+
+    async def lease_history(self, name: str) -> list[LeaseRecord]:
+        def read(conn: sqlite3.Connection) -> list[LeaseRecord]:
+            current = _one(conn.execute(_Q["get_lease"], {"name": name}))
+            past = [
+                LeaseRecord(
+                    name=r["name"],
+                    owner=r["owner"],
+                    token=r["token"],
+                    acquired_at=datetime.fromtimestamp(r["acquired_at"], UTC),
+                    ended_at=_ts(r["ended_at"]),
+                    ended=r["ended"],
+                )
+                for r in conn.execute(_Q["lease_history"], {"name": name})
+            ]
+            if current is not None and current["owner"] is not None:
+                return [_lease(current), *past]
+            return past
+
+        return await self._run(read)
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def prune(self, retention: Retention, *, limit: int) -> int:
+        now = self._clock()
+
+        def prune(conn: sqlite3.Connection) -> int:
+            roots: list[str] = []
+            overridden = sorted(retention.per_type)
+            for status in ("succeeded", "failed", "cancelled"):
+                for job_type in [None, *overridden]:
+                    if len(roots) >= limit:
+                        break
+                    cutoff = now - retention.seconds(status, job_type)
+                    rows = conn.execute(
+                        _Q["prunable_roots"],
+                        {
+                            "status": status,
+                            "cutoff": cutoff,
+                            "type": job_type,
+                            "excluded_types": json.dumps(overridden if job_type is None else []),
+                            "limit": limit - len(roots),
+                        },
+                    )
+                    roots.extend(r["id"] for r in rows)
+            if not roots:
+                return 0
+            params = {"roots": json.dumps(roots)}
+            conn.execute(_Q["delete_tree_attempts"], params)
+            conn.execute(_Q["delete_tree_dependencies"], params)
+            return conn.execute(_Q["delete_trees"], params).rowcount
+
+        return await self._write(prune)
+
     # -- workers and queues -------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo) -> None:
@@ -831,3 +1156,96 @@ class SQLiteStore:
 
         self._watcher = threading.Thread(target=watch, name="conveyor-sqlite-watch", daemon=True)
         self._watcher.start()
+
+    # -- the API's reads and tokens -----------------------------------------------------
+
+    async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        params = {
+            "statuses": json.dumps([s.value for s in query.status]) if query.status else None,
+            "type": query.type,
+            "queue": query.queue,
+            "tenant": query.tenant,
+            "parent_id": query.parent_id,
+            "root_id": query.root_id,
+            "top_level": int(query.top_level),
+            "created_after": _epoch(query.created_after) if query.created_after else None,
+            "created_before": _epoch(query.created_before) if query.created_before else None,
+            "after_created": _epoch(query.after[0]) if query.after else None,
+            "after_id": query.after[1] if query.after else None,
+            "limit": query.limit,
+        }
+        scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
+        name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
+
+        def read(conn: sqlite3.Connection) -> list[Job]:
+            return [_job(r) for r in conn.execute(_Q[name], params)]
+
+        return await self._run(read)
+
+    async def health(self) -> HealthCounts:
+        now = self._clock()
+
+        def read(conn: sqlite3.Connection) -> HealthCounts:
+            r = _one(conn.execute(_Q["health"], {"now": now}))
+            return HealthCounts(
+                queued=r["queued"],
+                due=r["due"],
+                running=r["running"],
+                stale_running=r["stale_running"],
+                workers=r["workers"],
+                live_workers=r["live_workers"],
+                last_heartbeat=_ts(r["last_heartbeat"]),
+                now=datetime.fromtimestamp(now, UTC),
+            )
+
+        return await self._run(read)
+
+    async def create_token(self, token: Token) -> None:
+        params = {
+            "id": token.id,
+            "tenant": token.tenant,
+            "role": token.role.value,
+            "secret_hash": token.secret_hash,
+            "name": token.name,
+            "created_at": _epoch(token.created_at),
+        }
+        await self._write(lambda conn: conn.execute(_Q["create_token"], params))
+
+    async def find_token(self, token_id: str) -> Token | None:
+        def read(conn: sqlite3.Connection) -> Token | None:
+            row = _one(conn.execute(_Q["find_token"], {"id": token_id}))
+            return None if row is None else _token(row)
+
+        return await self._run(read)
+
+    async def touch_token(self, token_id: str) -> None:
+        params = {"id": token_id, "now": self._clock()}
+        await self._write(lambda conn: conn.execute(_Q["touch_token"], params))
+
+    async def revoke_token(self, token_id: str) -> Token | None:
+        params = {"id": token_id, "now": self._clock()}
+
+        def revoke(conn: sqlite3.Connection) -> Token | None:
+            row = _one(conn.execute(_Q["revoke_token"], params))
+            return None if row is None else _token(row)
+
+        return await self._write(revoke)
+
+    async def list_tokens(self) -> list[Token]:
+        def read(conn: sqlite3.Connection) -> list[Token]:
+            return [_token(r) for r in conn.execute(_Q["list_tokens"])]
+
+        return await self._run(read)
+
+
+def _token(row: sqlite3.Row) -> Token:
+    return Token(
+        id=row["id"],
+        tenant=row["tenant"],
+        role=Role(row["role"]),
+        secret_hash=row["secret_hash"],
+        name=row["name"],
+        created_at=datetime.fromtimestamp(row["created_at"], UTC),
+        last_used_at=_ts(row["last_used_at"]),
+        revoked_at=_ts(row["revoked_at"]),
+    )

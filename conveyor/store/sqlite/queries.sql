@@ -237,3 +237,294 @@ WHERE p.status = 'waiting'
       WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
   )
 LIMIT :limit;
+
+-- name: claim_candidates
+-- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit.
+SELECT id, type, concurrency_key FROM conveyor_jobs
+WHERE status = 'queued'
+  AND queue IN (SELECT value FROM json_each(:queues))
+  AND run_at <= :now
+  AND queue NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
+  AND type NOT IN (SELECT value FROM json_each(:blocked_types))
+  AND (concurrency_key IS NULL
+       OR type || char(31) || concurrency_key NOT IN (SELECT value FROM json_each(:blocked_keys)))
+  AND id NOT IN (SELECT value FROM json_each(:taken))
+ORDER BY priority, run_at, id
+LIMIT :limit;
+
+-- name: claim_ids
+-- Lease the chosen jobs.
+UPDATE conveyor_jobs
+SET status = 'running',
+    attempt = attempt + 1,
+    lease_token = lease_token + 1,
+    lease_owner = :worker_id,
+    lease_expires_at = :now + coalesce(lease_seconds, :lease),
+    started_at = :now,
+    cancel_requested = 0
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'queued'
+RETURNING *;
+
+-- name: running_per_type
+-- Running jobs with a live lease, per type, among the given types.
+SELECT type, count(*) AS n FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at > :now
+  AND type IN (SELECT value FROM json_each(:types))
+GROUP BY type;
+
+-- name: running_per_key
+-- Running jobs with a live lease, per type and concurrency key, among the given types.
+SELECT type, concurrency_key, count(*) AS n FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at > :now AND concurrency_key IS NOT NULL
+  AND type IN (SELECT value FROM json_each(:types))
+GROUP BY type, concurrency_key;
+
+-- name: forget_rate_window
+-- Drop starts that have left a type's rate window.
+DELETE FROM conveyor_rate_window WHERE type = :type AND at <= :since;
+
+-- name: rate_window_count
+-- Starts of a type inside its rate window.
+SELECT count(*) FROM conveyor_rate_window WHERE type = :type AND at > :since;
+
+-- name: record_rate_start
+-- Remember a start of a rate-limited type.
+INSERT INTO conveyor_rate_window (type, at) VALUES (:type, :now);
+
+-- name: upsert_schedule
+-- Create a schedule or update its definition; a changed cron or timezone restarts its ticks.
+INSERT INTO conveyor_schedules (
+    name, cron, timezone, type, payload, queue, priority, max_attempts, timeout,
+    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, enabled,
+    next_run_at, created_at, updated_at
+) VALUES (
+    :name, :cron, :timezone, :type, :payload, :queue, :priority, :max_attempts, :timeout,
+    :lease_seconds, :backoff_base, :backoff_cap, :catch_up, :backfill_limit, :grace, 1,
+    :next_run_at, :now, :now
+)
+ON CONFLICT (name) DO UPDATE SET
+    next_run_at = CASE WHEN cron <> excluded.cron OR timezone <> excluded.timezone
+                       THEN excluded.next_run_at ELSE next_run_at END,
+    cron = excluded.cron, timezone = excluded.timezone, type = excluded.type,
+    payload = excluded.payload, queue = excluded.queue, priority = excluded.priority,
+    max_attempts = excluded.max_attempts, timeout = excluded.timeout,
+    lease_seconds = excluded.lease_seconds, backoff_base = excluded.backoff_base,
+    backoff_cap = excluded.backoff_cap, catch_up = excluded.catch_up,
+    backfill_limit = excluded.backfill_limit, grace = excluded.grace,
+    updated_at = excluded.updated_at;
+
+-- name: due_schedules
+-- Enabled schedules whose next tick has come.
+SELECT * FROM conveyor_schedules
+WHERE enabled = 1 AND next_run_at <= :now
+ORDER BY next_run_at
+LIMIT :limit;
+
+-- name: advance_schedule
+-- Move a schedule to its next tick, only if no other worker did it first.
+UPDATE conveyor_schedules SET next_run_at = :next_run_at, last_run_at = :last_run_at
+WHERE name = :name AND next_run_at = :expected;
+
+-- name: schedules
+-- Every schedule, by name.
+SELECT * FROM conveyor_schedules ORDER BY name;
+
+-- name: get_schedule
+-- One schedule by name.
+SELECT * FROM conveyor_schedules WHERE name = :name;
+
+-- name: set_schedule_enabled
+-- Enable or disable a schedule; re-enabling restarts its ticks from now.
+UPDATE conveyor_schedules
+SET enabled = :enabled,
+    next_run_at = CASE WHEN :enabled = 1 AND enabled = 0 THEN :next_run_at ELSE next_run_at END,
+    updated_at = :now
+WHERE name = :name
+RETURNING *;
+
+-- name: get_lease
+-- A named lease's current row.
+SELECT * FROM conveyor_leases WHERE name = :name;
+
+-- name: take_lease
+-- Take a named lease that is free or expired, with the next token.
+INSERT INTO conveyor_leases (name, owner, token, acquired_at, expires_at)
+VALUES (:name, :owner, 1, :now, :now + :ttl)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner, token = token + 1, acquired_at = excluded.acquired_at,
+    expires_at = excluded.expires_at
+WHERE owner IS NULL OR expires_at <= :now
+RETURNING *;
+
+-- name: renew_lease
+-- Extend a named lease, fenced by its token.
+UPDATE conveyor_leases SET expires_at = :now + :ttl
+WHERE name = :name AND token = :token AND owner IS NOT NULL AND expires_at > :now
+RETURNING expires_at;
+
+-- name: release_lease
+-- Give a named lease up, fenced by its token.
+UPDATE conveyor_leases SET owner = NULL, expires_at = NULL
+WHERE name = :name AND token = :token AND owner IS NOT NULL
+RETURNING acquired_at;
+
+-- name: record_lease_end
+-- Keep a past holder of a named lease.
+INSERT OR REPLACE INTO conveyor_lease_history (name, token, owner, acquired_at, ended_at, ended)
+VALUES (:name, :token, :owner, :acquired_at, :ended_at, :ended);
+
+-- name: trim_lease_history
+-- Keep only the last ten holders of a named lease.
+DELETE FROM conveyor_lease_history
+WHERE name = :name AND token <= (
+    SELECT token FROM conveyor_lease_history WHERE name = :name
+    ORDER BY token DESC LIMIT 1 OFFSET 10
+);
+
+-- name: lease_history
+-- The last holders of a named lease, newest first.
+SELECT * FROM conveyor_lease_history WHERE name = :name ORDER BY token DESC;
+
+-- name: prunable_roots
+-- Finished top-level jobs older than a cutoff, of one status, for one type or all others.
+SELECT id FROM conveyor_jobs AS r
+WHERE r.parent_id IS NULL AND r.status = :status AND r.finished_at < :cutoff
+  AND (:type IS NULL OR r.type = :type)
+  AND r.type NOT IN (SELECT value FROM json_each(:excluded_types))
+  AND NOT EXISTS (
+      SELECT 1 FROM conveyor_jobs AS d
+      WHERE d.root_id = r.id AND d.status IN ('pending', 'queued', 'running', 'waiting')
+  )
+LIMIT :limit;
+
+-- name: delete_tree_attempts
+-- Delete the attempts of the given trees.
+DELETE FROM conveyor_attempts WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE id IN (SELECT value FROM json_each(:roots))
+       OR root_id IN (SELECT value FROM json_each(:roots))
+);
+
+-- name: delete_tree_dependencies
+-- Delete the dependency edges of the given trees.
+DELETE FROM conveyor_dependencies WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE id IN (SELECT value FROM json_each(:roots))
+       OR root_id IN (SELECT value FROM json_each(:roots))
+);
+
+-- name: delete_trees
+-- Delete the given trees' jobs.
+DELETE FROM conveyor_jobs
+WHERE id IN (SELECT value FROM json_each(:roots))
+   OR root_id IN (SELECT value FROM json_each(:roots));
+
+-- name: page_jobs_newest_first
+-- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
+-- The anchor's created_at is read from its row when it still exists, so that a time
+-- that went through a float and back cannot skip or repeat a job.
+SELECT * FROM conveyor_jobs
+WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:type IS NULL OR type = :type)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:parent_id IS NULL OR parent_id = :parent_id)
+  AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:top_level = 0 OR parent_id IS NULL)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR (created_at, id) < (
+      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created),
+      :after_id))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: page_jobs_oldest_first
+-- One page of jobs of every tenant, oldest first, after the last (created_at, id) seen.
+SELECT * FROM conveyor_jobs
+WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:type IS NULL OR type = :type)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:parent_id IS NULL OR parent_id = :parent_id)
+  AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:top_level = 0 OR parent_id IS NULL)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR (created_at, id) > (
+      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created),
+      :after_id))
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: page_tenant_jobs_newest_first
+-- One page of one tenant's jobs, newest first (on the tenant's own index).
+SELECT * FROM conveyor_jobs
+WHERE tenant = :tenant
+  AND (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:type IS NULL OR type = :type)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:parent_id IS NULL OR parent_id = :parent_id)
+  AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:top_level = 0 OR parent_id IS NULL)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR (created_at, id) < (
+      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created),
+      :after_id))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: page_tenant_jobs_oldest_first
+-- One page of one tenant's jobs, oldest first (on the tenant's own index).
+SELECT * FROM conveyor_jobs
+WHERE tenant = :tenant
+  AND (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:type IS NULL OR type = :type)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:parent_id IS NULL OR parent_id = :parent_id)
+  AND (:root_id IS NULL OR root_id = :root_id)
+  AND (:top_level = 0 OR parent_id IS NULL)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:after_id IS NULL OR (created_at, id) > (
+      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created),
+      :after_id))
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: health
+-- The counts the health check decides from, in one read.
+SELECT
+    (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued') AS queued,
+    (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued' AND run_at <= :now) AS due,
+    (SELECT count(*) FROM conveyor_jobs WHERE status = 'running') AS running,
+    (SELECT count(*) FROM conveyor_jobs
+     WHERE status = 'running' AND lease_expires_at < :now) AS stale_running,
+    (SELECT count(*) FROM conveyor_workers) AS workers,
+    (SELECT count(*) FROM conveyor_workers WHERE stopped_at IS NULL) AS live_workers,
+    (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat;
+
+-- name: create_token
+-- Store a new API token.
+INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at)
+VALUES (:id, :tenant, :role, :secret_hash, :name, :created_at);
+
+-- name: find_token
+-- One token by id.
+SELECT * FROM conveyor_tokens WHERE id = :id;
+
+-- name: touch_token
+-- Record that a token was just used.
+UPDATE conveyor_tokens SET last_used_at = :now WHERE id = :id;
+
+-- name: revoke_token
+-- Revoke a token; revoking it again keeps the first time.
+UPDATE conveyor_tokens SET revoked_at = coalesce(revoked_at, :now) WHERE id = :id
+RETURNING *;
+
+-- name: list_tokens
+-- Every token, newest first.
+SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
