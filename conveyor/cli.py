@@ -38,6 +38,7 @@ from rich.progress import (
 from rich.table import Table
 
 from conveyor.client import Conveyor, JobHandle
+from conveyor.core.durations import seconds
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import (
@@ -48,8 +49,10 @@ from conveyor.errors import (
     InvalidDependency,
     InvalidPayload,
     JobNotFound,
+    ScheduleNotFound,
     UnknownJobType,
 )
+from conveyor.store import Retention
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -82,7 +85,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine, turning conveyor's errors into messages and exit codes."""
     try:
         return asyncio.run(coro)
-    except JobNotFound as exc:
+    except (JobNotFound, ScheduleNotFound) as exc:
         _fail(str(exc), EXIT_NOT_FOUND)
     except DatabaseUnavailable as exc:
         _fail(str(exc), EXIT_UNAVAILABLE)
@@ -214,6 +217,18 @@ def main(log_level: str) -> None:
     show_default=True,
     help="Seconds between rescues of expired leases.",
 )
+@click.option(
+    "--cron-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between checks for due schedule ticks.",
+)
+@click.option(
+    "--prune-interval",
+    default=60.0,
+    show_default=True,
+    help="Seconds between prunes of finished jobs past their retention.",
+)
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 def worker(
     app_spec: str,
@@ -225,6 +240,8 @@ def worker(
     cancel_grace: float,
     poll_interval: float,
     rescue_interval: float,
+    cron_interval: float,
+    prune_interval: float,
     burst: bool,
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
@@ -243,6 +260,8 @@ def worker(
             cancel_grace=cancel_grace,
             poll_interval=poll_interval,
             rescue_interval=rescue_interval,
+            cron_interval=cron_interval,
+            prune_interval=prune_interval,
             burst=burst,
         )
     except ConfigurationError as exc:
@@ -269,6 +288,105 @@ async def _run_worker(w: Worker) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     await w.run()
+
+
+# -- schedules and retention ----------------------------------------------------------
+
+
+@main.group()
+def schedules() -> None:
+    """List, run, enable and disable cron schedules."""
+
+
+@schedules.command("list")
+@_app_option
+@_url_option
+def schedules_list(app_spec: str | None, database_url: str | None) -> None:
+    """List schedules with their next tick (declared ones are synced first, given --app)."""
+    app = _app_from(app_spec, database_url)
+
+    async def go() -> list[Any]:
+        await app.sync_schedules()
+        return await app.list_schedules()
+
+    found = _run(go())
+    table = Table(title=f"{len(found)} schedule(s)", title_justify="left")
+    for column in ("name", "cron", "timezone", "job type", "catch-up", "enabled", "next", "last"):
+        table.add_column(column)
+    for info in found:
+        s = info.schedule
+        table.add_row(
+            s.name,
+            s.cron.expression,
+            s.cron.timezone,
+            s.type,
+            s.catch_up.value,
+            "yes" if info.enabled else "[red]no[/]",
+            info.next_run_at.isoformat(timespec="seconds"),
+            info.last_run_at.isoformat(timespec="seconds") if info.last_run_at else "",
+        )
+    console.print(table)
+
+
+@schedules.command("run")
+@click.argument("name")
+@_app_option
+@_url_option
+def schedules_run(name: str, app_spec: str | None, database_url: str | None) -> None:
+    """Submit a schedule's job now, outside its ticks."""
+    app = _app_from(app_spec, database_url)
+    job = _run(app.run_schedule(name))
+    console.print(f"schedule {name} submitted [bold]{job.id}[/]")
+
+
+@schedules.command("enable")
+@click.argument("name")
+@_app_option
+@_url_option
+def schedules_enable(name: str, app_spec: str | None, database_url: str | None) -> None:
+    """Enable a schedule (its ticks restart from now)."""
+    app = _app_from(app_spec, database_url)
+    _run(app.enable_schedule(name, True))
+    console.print(f"schedule {name} enabled")
+
+
+@schedules.command("disable")
+@click.argument("name")
+@_app_option
+@_url_option
+def schedules_disable(name: str, app_spec: str | None, database_url: str | None) -> None:
+    """Disable a schedule: no tick fires until it is enabled again."""
+    app = _app_from(app_spec, database_url)
+    _run(app.enable_schedule(name, False))
+    console.print(f"schedule {name} disabled")
+
+
+@main.command()
+@_app_option
+@_url_option
+@click.option("--succeeded", default="1d", show_default=True, help="Keep succeeded jobs this long.")
+@click.option("--failed", default="7d", show_default=True, help="Keep failed jobs this long.")
+@click.option("--cancelled", default="7d", show_default=True, help="Keep cancelled jobs this long.")
+def prune(
+    app_spec: str | None,
+    database_url: str | None,
+    succeeded: str,
+    failed: str,
+    cancelled: str,
+) -> None:
+    """Delete finished job trees older than their retention, in small batches.
+
+    Job types' own retention (given --app) overrides these for their jobs.
+    """
+    app = _app_from(app_spec, database_url)
+    try:
+        policy = Retention(
+            succeeded=seconds(succeeded), failed=seconds(failed), cancelled=seconds(cancelled)
+        )
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    deleted = _run(app.prune(policy))
+    console.print(f"pruned {deleted} finished job(s)")
 
 
 # -- migrate ---------------------------------------------------------------------------
