@@ -225,6 +225,9 @@ class Worker:
     async def _produce(self, store: Store) -> None:
         failures = 0
         while not self._stopping:
+            # Clear before claiming, not after: a wake-up (a stop, a freed slot, a
+            # notification) that arrives while the claim is in flight is not lost.
+            self._wakeup.clear()
             free = self.options.concurrency - self._active
             claimed: list[Job] = []
             if free > 0:
@@ -254,7 +257,6 @@ class Worker:
                 idle = self._active == 0 and not self._outbox and not self._runs
                 if not claimed and self.options.burst and idle:
                     return
-            self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), self.options.poll_interval)
             except TimeoutError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -18,7 +19,15 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
 from psycopg_pool import AsyncConnectionPool
 
-from conveyor.core.lifecycle import ACTIVE, Status
+from conveyor.core.lifecycle import (
+    ACTIVE,
+    Status,
+    children_error,
+    children_event,
+    dependency_event,
+    returned_event,
+    transition,
+)
 from conveyor.core.model import (
     JSON,
     Attempt,
@@ -29,7 +38,13 @@ from conveyor.core.model import (
     Settlement,
     after_failure,
 )
-from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
+from conveyor.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidDependency,
+    InvalidState,
+    NotAConveyorDatabase,
+)
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store.protocol import (
     Beat,
@@ -72,6 +87,8 @@ _POOL_MAX = 10
 # hung database makes the heartbeat fail (and the worker self-fence) in time.
 _HEARTBEAT_MARGIN_FRACTION = 1 / 6
 _HEARTBEAT_MARGIN_CAP = 2.0
+# How often an operation runs when its connection was dead or its transaction deadlocked.
+_ATTEMPTS = 3
 # A unique key whose holder ends between our insert and our read-back is retried; more
 # than a few rounds would mean a bug, not a race.
 _SUBMIT_ROUNDS = 5
@@ -181,17 +198,31 @@ def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = re.sub(r"^connection failed: ", "", lines[0])
-    first = re.sub(r'^connection to server at "[^"]*"(, port \d+)? failed: ', "", first)
-    return first
+    first = re.sub(r'^connection to server (at|on) "[^"]*"(, port \d+)? failed: ', "", first)
+    return re.sub(r"^(FATAL|ERROR):\s+", "", first)
+
+
+def _advice(reason: str) -> str:
+    """What to do about a failed connection, from libpq's reason."""
+    if re.search(r'database "[^"]*" does not exist', reason):
+        return "Create the database (createdb NAME) or fix its name in the URL"
+    if "password" in reason or re.search(r'role "[^"]*" does not exist', reason):
+        return "Check the user and password in the URL"
+    return (
+        "Check that the server is running and reachable from this machine, and the host "
+        "and port in the URL (CONVEYOR_DATABASE_URL)"
+    )
 
 
 # -- submit, written once for conveyor's pool and for an application's connection -------
 
 _Step = tuple[str, dict[str, Any]]
-_SubmitSteps = Generator[_Step, list[dict[str, Any]], list[Submitted]]
+_Steps = Generator[_Step, list[dict[str, Any]], T]
 
 
-def _submit_params(jobs: Sequence[NewJob], now: datetime | None) -> dict[str, Any]:
+def _submit_params(
+    jobs: Sequence[NewJob], now: datetime | None, status: Status = Status.QUEUED
+) -> dict[str, Any]:
     return {
         "now": now,
         "id": [j.id for j in jobs],
@@ -199,7 +230,7 @@ def _submit_params(jobs: Sequence[NewJob], now: datetime | None) -> dict[str, An
         "queue": [j.queue for j in jobs],
         "tenant": [j.tenant for j in jobs],
         "payload": [json.dumps(j.payload, separators=(",", ":")) for j in jobs],
-        "status": [(Status.PENDING if j.depends_on else Status.QUEUED).value for j in jobs],
+        "status": [status.value for _ in jobs],
         "priority": [j.priority for j in jobs],
         "max_attempts": [j.max_attempts for j in jobs],
         "run_at": [_utc(j.run_at) for j in jobs],
@@ -218,16 +249,37 @@ def _submit_params(jobs: Sequence[NewJob], now: datetime | None) -> dict[str, An
     }
 
 
-def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _SubmitSteps:
+def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _Steps[list[Submitted]]:
     """Yield a submit's statements, receive their rows, and return what was submitted.
 
     A generator, so that the same steps run on conveyor's pool, on an application's
-    async connection and on its sync one. The caller runs them in one transaction.
+    async connection and on its sync one; the caller runs them in one transaction. Runs
+    of jobs without dependencies are inserted with one statement each; a job with
+    dependencies on its own, in batch order, so it may depend on jobs before it.
     """
+    results: list[Submitted] = []
+    start = 0
+    while start < len(jobs):
+        if jobs[start].depends_on:
+            results.append((yield from _insert_dependent(jobs[start], now)))
+            start += 1
+            continue
+        end = start
+        while end < len(jobs) and not jobs[end].depends_on:
+            end += 1
+        results.extend((yield from _insert_batch(jobs[start:end], now, Status.QUEUED)))
+        start = end
+    return results
+
+
+def _insert_batch(
+    jobs: Sequence[NewJob], now: datetime | None, status: Status
+) -> _Steps[list[Submitted]]:
+    """Insert jobs with one statement; an existing id or active unique key returns its job."""
     results: dict[int, Submitted] = {}
     pending = list(range(len(jobs)))
     for _ in range(_SUBMIT_ROUNDS):
-        inserted = yield _Q["submit"], _submit_params([jobs[i] for i in pending], now)
+        inserted = yield _Q["submit"], _submit_params([jobs[i] for i in pending], now, status)
         created = {row["id"]: row for row in inserted}
         missing = []
         for i in pending:
@@ -239,10 +291,13 @@ def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _SubmitSteps:
                 missing.append(i)
         if not missing:
             break
-        existing = yield _Q["existing_jobs"], {
-            "ids": [jobs[i].id for i in missing],
-            "unique_keys": [jobs[i].unique_key for i in missing if jobs[i].unique_key],
-        }
+        existing = yield (
+            _Q["existing_jobs"],
+            {
+                "ids": [jobs[i].id for i in missing],
+                "unique_keys": [jobs[i].unique_key for i in missing if jobs[i].unique_key],
+            },
+        )
         by_id = {row["id"]: row for row in existing}
         by_key = {
             row["unique_key"]: row
@@ -266,6 +321,30 @@ def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _SubmitSteps:
     return [results[i] for i in range(len(jobs))]
 
 
+def _insert_dependent(job: NewJob, now: datetime | None) -> _Steps[Submitted]:
+    """Insert a job with dependencies: pending, queued when all succeeded, or cancelled."""
+    rows = yield _Q["lock_dependencies"], {"ids": list(job.depends_on)}
+    found = {row["id"]: Status(row["status"]) for row in rows}
+    missing = [d for d in job.depends_on if d not in found]
+    if missing:
+        raise InvalidDependency(
+            f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
+            "submit those first (or in the same batch, before it)"
+        )
+    done = all(status is Status.SUCCEEDED for status in found.values())
+    (submitted,) = yield from _insert_batch([job], now, Status.QUEUED if done else Status.PENDING)
+    if not submitted.created:
+        return submitted
+    yield _Q["insert_dependencies"], {"job_id": job.id, "ids": list(dict.fromkeys(job.depends_on))}
+    blocked_by = next((d for d in job.depends_on if dependency_event(found[d]) is not None), None)
+    if blocked_by is None:
+        return submitted
+    reason = f"dependency {blocked_by} {found[blocked_by].value}"
+    yield _Q["cancel_pending"], {"id": job.id, "reason": reason, "now": now}
+    (row,) = yield _Q["get"], {"id": job.id}
+    return Submitted(_job(row), created=True)
+
+
 def _standard_loaders(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> None:
     """Read json and timestamptz the standard way on an application's connection.
 
@@ -276,32 +355,32 @@ def _standard_loaders(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) ->
     cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
 
 
-async def _submit_async(conn: psycopg.AsyncConnection[Any], steps: _SubmitSteps) -> list[Submitted]:
+async def _run_steps(conn: psycopg.AsyncConnection[Any], steps: _Steps[T]) -> T:
     async with conn.cursor(row_factory=dict_row) as cursor:
         _standard_loaders(cursor)
         query, params = next(steps)
         while True:
             await cursor.execute(query, params)
-            rows = await cursor.fetchall()
+            rows = await cursor.fetchall() if cursor.description is not None else []
             try:
                 query, params = steps.send(rows)
             except StopIteration as done:
-                result: list[Submitted] = done.value
+                result: T = done.value
                 return result
 
 
-def _submit_sync(conn: psycopg.Connection[Any], steps: _SubmitSteps) -> list[Submitted]:
-    def run() -> list[Submitted]:
+def _run_steps_sync(conn: psycopg.Connection[Any], steps: _Steps[T]) -> T:
+    def run() -> T:
         with conn.cursor(row_factory=dict_row) as cursor:
             _standard_loaders(cursor)
             query, params = next(steps)
             while True:
                 cursor.execute(query, params)
-                rows = cursor.fetchall()
+                rows = cursor.fetchall() if cursor.description is not None else []
                 try:
                     query, params = steps.send(rows)
                 except StopIteration as done:
-                    result: list[Submitted] = done.value
+                    result: T = done.value
                     return result
 
     if conn.autocommit:
@@ -357,10 +436,9 @@ class PostgresStore:
                 self.url, autocommit=True, row_factory=dict_row, **self._kwargs
             )
         except psycopg.OperationalError as exc:
+            reason = _reason(exc)
             raise DatabaseUnavailable(
-                f"cannot connect to {_describe(self._params)}: {_reason(exc)}. Check that the "
-                "server is running and reachable from this machine, and the host, port, "
-                "database, user and password in the URL (CONVEYOR_DATABASE_URL)"
+                f"cannot connect to {_describe(self._params)}: {reason}. {_advice(reason)}"
             ) from None
 
     async def _run(
@@ -370,18 +448,24 @@ class PostgresStore:
 
         A connection that died while idle (the server restarted) fails its first
         statement, before anything ran: the other idle connections are checked and the
-        work runs once more on a fresh one. Every operation is safe to repeat: writes are
-        fenced by lease tokens and submits are idempotent by id.
+        work runs once more on a fresh one. A transaction the server chose to break a
+        lock cycle (rare: a tree cancelled while its children settle) runs again too.
+        Every operation is safe to repeat: writes are fenced by lease tokens and submits
+        are idempotent by id.
         """
         pool = self._pool
         if pool is None:
             raise RuntimeError("the store is not open: call open() first")
-        for again in (False, True):
+        for attempt in range(1, _ATTEMPTS + 1):
             async with pool.connection(timeout=timeout) as conn:
                 try:
                     return await work(conn)
+                except psycopg.errors.DeadlockDetected:
+                    if attempt == _ATTEMPTS:
+                        raise
+                    continue
                 except psycopg.OperationalError:
-                    if again or not conn.broken:
+                    if attempt == _ATTEMPTS or not conn.broken:
                         raise
             self._check_pool(pool)
         raise AssertionError("not reached")
@@ -527,18 +611,18 @@ class PostgresStore:
 
             async def insert(conn: Connection) -> list[Submitted]:
                 # New steps for each try: a retry after a lost connection starts over.
-                return await _submit_async(conn, _submit_steps(jobs, self._now()))
+                return await _run_steps(conn, _submit_steps(jobs, self._now()))
 
             return await self._transaction(insert)
         steps = _submit_steps(jobs, self._now())
         if isinstance(connection, psycopg.AsyncConnection):
             if connection.autocommit:
                 async with connection.transaction():
-                    return await _submit_async(connection, steps)
-            return await _submit_async(connection, steps)
+                    return await _run_steps(connection, steps)
+            return await _run_steps(connection, steps)
         if isinstance(connection, psycopg.Connection):
             # A blocking connection blocks: run it on a thread, its owner is waiting for us.
-            return await asyncio.to_thread(_submit_sync, connection, steps)
+            return await asyncio.to_thread(_run_steps_sync, connection, steps)
         raise ConfigurationError(
             "connection= takes a psycopg 3 connection (psycopg.AsyncConnection or "
             f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
@@ -630,27 +714,115 @@ class PostgresStore:
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
         if not settlements:
             return []
-        return await self._run(lambda conn: self._settle(conn, settlements))
+        return await self._transaction(lambda conn: self._settle(conn, settlements))
 
     async def _settle(self, conn: Connection, settlements: Sequence[Settlement]) -> list[str]:
-        params = {
-            "now": self._now(),
-            "ids": [s.job_id for s in settlements],
-            "tokens": [s.token for s in settlements],
-            "statuses": [s.status.value for s in settlements],
-            "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
-            "results": [_dumps(s.result) for s in settlements],
-            "result_refs": [s.result_ref for s in settlements],
-            "errors": [s.error for s in settlements],
-            "tracebacks": [s.traceback for s in settlements],
-            "retry_delays": [float(s.retry_delay) for s in settlements],
-            "done": [float(s.progress.done) if s.progress else None for s in settlements],
-            "total": [_float(s.progress.total) if s.progress else None for s in settlements],
-            "message": [s.progress.message if s.progress else None for s in settlements],
-        }
-        rows = await (await conn.execute(_Q["settle"], params)).fetchall()
-        settled = {row["id"] for row in rows}
-        return [s.job_id for s in settlements if s.job_id not in settled]
+        """Settle in the caller's transaction; a job's end reaches its parent and dependents.
+
+        The common batch, jobs without parent, children or dependents, is one round trip
+        (BEGIN, settle and the look-up of dependents pipelined) plus the COMMIT.
+        """
+        now = self._now()
+        ended = [s.job_id for s in settlements if s.status.terminal]
+        async with conn.pipeline():
+            settled = await conn.execute(_Q["settle"], _settle_params(settlements, now, False))
+            awaited = await conn.execute(_Q["awaited"], {"ids": ended}) if ended else None
+            rows = await settled.fetchall()
+            upstream = {r["id"] for r in await awaited.fetchall()} if awaited else set()
+        by_id = {row["id"]: row for row in rows}
+        deferred = [s for s in settlements if s.job_id in by_id and by_id[s.job_id]["deferred"]]
+        finished = [
+            (s.job_id, by_id[s.job_id]["parent_id"], s.status)
+            for s in settlements
+            if s.job_id in by_id and not by_id[s.job_id]["deferred"] and s.status.terminal
+        ]
+        if deferred:
+            decided = await self._decide_from_children(conn, deferred)
+            params = _settle_params(decided, now, True)
+            for row in await (await conn.execute(_Q["settle"], params)).fetchall():
+                by_id[row["id"]] = row
+            finished.extend(
+                (d.job_id, by_id[d.job_id]["parent_id"], d.status)
+                for d in decided
+                if not by_id[d.job_id]["deferred"] and d.status.terminal
+            )
+            upstream.update(d.job_id for d in decided)
+        for job_id, parent_id, status in finished:
+            if parent_id is not None or job_id in upstream:
+                await self._cascade(conn, job_id, parent_id, status, now)
+        return [s.job_id for s in settlements if s.job_id not in by_id]
+
+    async def _decide_from_children(
+        self, conn: Connection, settlements: Sequence[Settlement]
+    ) -> list[Settlement]:
+        """Turn 'the handler returned' into waiting, succeeded or failed, from the children."""
+        ids = [s.job_id for s in settlements]
+        await conn.execute(_Q["lock_children"], {"ids": ids})
+        counts = await self._children_counts(conn, ids)
+        decided = []
+        for s in settlements:
+            children = counts.get(s.job_id, {})
+            status = transition(Status.RUNNING, returned_event(children))
+            error = children_error(children) if status is Status.FAILED else s.error
+            decided.append(dataclasses.replace(s, status=status, error=error))
+        return decided
+
+    @staticmethod
+    async def _children_counts(
+        conn: Connection, ids: Sequence[str]
+    ) -> dict[str, dict[Status, int]]:
+        counts: dict[str, dict[Status, int]] = {}
+        for row in await (await conn.execute(_Q["children_counts"], {"ids": list(ids)})).fetchall():
+            counts.setdefault(row["parent_id"], {})[Status(row["status"])] = int(row["n"])
+        return counts
+
+    async def _cascade(
+        self,
+        conn: Connection,
+        job_id: str,
+        parent_id: str | None,
+        status: Status,
+        now: datetime | None,
+    ) -> None:
+        """Carry a job's end to its waiting parent and its pending dependents, transitively."""
+        todo = [(job_id, parent_id, status)]
+        while todo:
+            job_id, parent_id, status = todo.pop()
+            if parent_id is not None:
+                finished = await self._finish_parent(conn, parent_id, now)
+                if finished is not None:
+                    todo.append(finished)
+            dependents = await (
+                await conn.execute(_Q["pending_dependents"], {"id": job_id})
+            ).fetchall()
+            for dependent in dependents:
+                if dependency_event(status) is None:
+                    unmet = await (
+                        await conn.execute(_Q["unmet_dependencies"], {"id": dependent["id"]})
+                    ).fetchone()
+                    if unmet is not None and unmet["n"] == 0:
+                        await conn.execute(_Q["release_pending"], {"id": dependent["id"]})
+                    continue
+                reason = f"dependency {job_id} {status.value}"
+                params = {"id": dependent["id"], "reason": reason, "now": now}
+                row = await (await conn.execute(_Q["cancel_pending"], params)).fetchone()
+                if row is not None:
+                    todo.append((row["id"], row["parent_id"], Status.CANCELLED))
+
+    async def _finish_parent(
+        self, conn: Connection, parent_id: str, now: datetime | None
+    ) -> tuple[str, str | None, Status] | None:
+        """End a waiting parent whose children have all ended; return it if it ended."""
+        await conn.execute(_Q["lock_children"], {"ids": [parent_id]})
+        counts = (await self._children_counts(conn, [parent_id])).get(parent_id, {})
+        event = children_event(counts)
+        if event is None:
+            return None
+        status = transition(Status.WAITING, event)
+        error = children_error(counts) if status is Status.FAILED else None
+        params = {"id": parent_id, "status": status.value, "error": error, "now": now}
+        row = await (await conn.execute(_Q["finish_waiting"], params)).fetchone()
+        return None if row is None else (row["id"], row["parent_id"], status)
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
         params = {"id": lease.job_id, "token": lease.token, "state": _dumps(state)}
@@ -687,18 +859,93 @@ class PostgresStore:
         return await self._transaction(rescue)
 
     async def cancel(self, job_id: str, *, reason: str) -> Job | None:
-        params = {"id": job_id, "reason": reason, "now": self._now()}
+        now = self._now()
 
         async def cancel(conn: Connection) -> Job | None:
-            # Three statements, each with a fresh snapshot: a job claimed between the
-            # first and the second is still found running by the second.
-            for name in ("cancel_unstarted", "request_cancel", "get"):
-                row = await (await conn.execute(_Q[name], params)).fetchone()
-                if row is not None:
-                    return _job(row)
-            return None
+            await self._cancel_one(conn, job_id, reason, now)
+            row = await (await conn.execute(_Q["get"], {"id": job_id})).fetchone()
+            return None if row is None else _job(row)
 
         return await self._transaction(cancel)
+
+    async def _cancel_one(
+        self, conn: Connection, job_id: str, reason: str, now: datetime | None
+    ) -> None:
+        """Cancel a job now, or ask its worker to; a waiting job takes its subtree along.
+
+        Each statement sees what committed before it: a job claimed between the first
+        and the last is still asked to stop.
+        """
+        params = {"id": job_id, "reason": reason, "now": now}
+        row = await (await conn.execute(_Q["cancel_unstarted"], params)).fetchone()
+        if row is None:
+            row = await (await conn.execute(_Q["cancel_waiting"], params)).fetchone()
+            if row is not None:
+                below = await (
+                    await conn.execute(_Q["unfinished_descendants"], {"id": job_id})
+                ).fetchall()
+                for child in below:
+                    child_params = {
+                        "id": child["id"],
+                        "reason": f"parent {job_id} cancelled",
+                        "now": now,
+                    }
+                    if child["status"] == Status.RUNNING.value:
+                        await conn.execute(_Q["request_cancel"], child_params)
+                    else:
+                        await conn.execute(_Q["cancel_unstarted"], child_params)
+                        await conn.execute(_Q["cancel_waiting"], child_params)
+                        await self._cascade(conn, child["id"], None, Status.CANCELLED, now)
+        if row is None:
+            await conn.execute(_Q["request_cancel"], params)
+            return
+        await self._cascade(conn, job_id, row["parent_id"], Status.CANCELLED, now)
+
+    async def retry(self, job_id: str, new: NewJob) -> Job | None:
+        async def retry(conn: Connection) -> Job | None:
+            old = await (await conn.execute(_Q["get"], {"id": job_id})).fetchone()
+            if old is None:
+                return None
+            if old["status"] not in (Status.FAILED.value, Status.CANCELLED.value):
+                raise InvalidState(
+                    f"job {job_id} is {old['status']}: only failed or cancelled jobs can be retried"
+                )
+            (submitted,) = await _run_steps(conn, _submit_steps([new], self._now()))
+            return submitted.job
+
+        return await self._transaction(retry)
+
+    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+        async def spawn(conn: Connection) -> list[Submitted] | None:
+            params = {"id": lease.job_id, "token": lease.token}
+            holder = await (await conn.execute(_Q["lease_holder"], params)).fetchone()
+            if holder is None:
+                return None
+            children = [
+                dataclasses.replace(job, parent_id=lease.job_id, root_id=holder["root_id"])
+                for job in jobs
+            ]
+            return await _run_steps(conn, _submit_steps(children, self._now()))
+
+        return await self._transaction(spawn)
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        return [_job(row) for row in await self._fetch("get_many", {"ids": list(job_ids)})]
+
+    async def finish_parents(self, *, limit: int) -> list[str]:
+        now = self._now()
+
+        async def finish(conn: Connection) -> list[str]:
+            done = []
+            parents = await (await conn.execute(_Q["waiting_parents"], {"limit": limit})).fetchall()
+            for parent in parents:
+                finished = await self._finish_parent(conn, parent["id"], now)
+                if finished is not None:
+                    done.append(finished[0])
+                    await self._cascade(conn, *finished, now)
+            return done
+
+        return await self._transaction(finish)
 
     # -- workers and queues -------------------------------------------------------------
 
@@ -760,7 +1007,8 @@ class PostgresStore:
             )
         if not self._wake.is_set():
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
         self._wake.clear()
@@ -799,3 +1047,25 @@ class PostgresStore:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _settle_params(
+    settlements: Sequence[Settlement], now: datetime | None, decided: bool
+) -> dict[str, Any]:
+    return {
+        "now": now,
+        "decided": decided,
+        "ids": [s.job_id for s in settlements],
+        "tokens": [s.token for s in settlements],
+        "statuses": [s.status.value for s in settlements],
+        "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
+        "results": [_dumps(s.result) for s in settlements],
+        "result_refs": [s.result_ref for s in settlements],
+        "errors": [s.error for s in settlements],
+        "tracebacks": [s.traceback for s in settlements],
+        "retry_delays": [float(s.retry_delay) for s in settlements],
+        "done": [float(s.progress.done) if s.progress else None for s in settlements],
+        "total": [_float(s.progress.total) if s.progress else None for s in settlements],
+        "message": [s.progress.message if s.progress else None for s in settlements],
+    }
+

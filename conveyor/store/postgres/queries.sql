@@ -5,7 +5,9 @@
 -- Batches travel as arrays, unnested on the server, so a batch is one round trip.
 -- Statements that update several jobs lock them in id order first (ORDER BY id FOR
 -- UPDATE), so a worker's settle and its heartbeat, which run on two connections at
--- once, cannot deadlock.
+-- once, cannot deadlock. Deciding a parent from its children takes an advisory lock on
+-- the parent (lock_children), not its row, so that the children's settles and the
+-- parent's own settle see each other's commits without blocking heartbeats.
 --
 -- Wake-ups are not sent from here: triggers (migrations/0001_initial.sql) notify
 -- conveyor_job_ready whenever a job becomes queued and conveyor_cancel whenever a
@@ -128,7 +130,13 @@ SET lease_expires_at = CASE
         WHEN b.renew THEN coalesce(%(now)s::timestamptz, now())
                           + make_interval(secs => coalesce(j.lease_seconds, %(lease)s))
         ELSE j.lease_expires_at END,
-    progress_done = coalesce(b.done, j.progress_done),
+    -- Against the same total, progress never moves backwards (a retry resuming from an
+    -- older checkpoint does not make the bar shrink).
+    progress_done = CASE
+        WHEN b.done IS NULL THEN j.progress_done
+        WHEN j.progress_total IS NOT DISTINCT FROM b.total AND j.progress_done > b.done
+        THEN j.progress_done
+        ELSE b.done END,
     progress_total = CASE WHEN b.done IS NULL THEN j.progress_total ELSE b.total END,
     progress_message = CASE WHEN b.done IS NULL THEN j.progress_message ELSE b.message END
 FROM beat b JOIN held USING (id)
@@ -137,7 +145,9 @@ RETURNING j.id, b.renew, j.cancel_requested;
 
 -- name: settle
 -- End attempts, fenced by the lease (the row must still be running under the token), and
--- record each ended attempt; returns the ids settled, the others were refused.
+-- record each ended attempt. Returns the jobs settled, with their parent, and the jobs
+-- deferred: unless %(decided)s, a job reported succeeded that has children is held but
+-- not settled, for the store to decide from its children. Ids not returned were refused.
 WITH ended AS (
     SELECT * FROM unnest(
         %(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(outcomes)s::text[],
@@ -150,7 +160,10 @@ WITH ended AS (
     )
 ),
 held AS (
-    SELECT j.id FROM conveyor_jobs j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
+    SELECT j.id,
+           (NOT %(decided)s AND e.status = 'succeeded'
+            AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id)) AS deferred
+    FROM conveyor_jobs j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
     WHERE j.status = 'running'
     ORDER BY j.id
     FOR UPDATE OF j
@@ -169,13 +182,18 @@ settled AS (
             WHEN e.status IN ('succeeded', 'failed', 'cancelled')
             THEN coalesce(%(now)s::timestamptz, now()) END,
         attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
-        progress_done = coalesce(e.done, j.progress_done),
+        progress_done = CASE
+            WHEN e.done IS NULL THEN j.progress_done
+            WHEN j.progress_total IS NOT DISTINCT FROM e.total AND j.progress_done > e.done
+            THEN j.progress_done
+            ELSE e.done END,
         progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
         progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
         lease_expires_at = NULL
-    FROM ended e JOIN held USING (id)
-    WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
-    RETURNING j.id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error, e.traceback
+    FROM ended e JOIN held h USING (id)
+    WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running' AND NOT h.deferred
+    RETURNING j.id, j.parent_id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error,
+              e.traceback
 ),
 recorded AS (
     INSERT INTO conveyor_attempts (
@@ -190,7 +208,15 @@ recorded AS (
         finished_at = excluded.finished_at, outcome = excluded.outcome,
         error = excluded.error, traceback = excluded.traceback
 )
-SELECT id FROM settled;
+SELECT id, parent_id, false AS deferred FROM settled
+UNION ALL
+SELECT id, NULL, true FROM held WHERE deferred;
+
+-- name: awaited
+-- Which of the given jobs pending jobs depend on (run after settle, in its transaction).
+SELECT DISTINCT d.depends_on_id AS id
+FROM conveyor_dependencies d JOIN conveyor_jobs j ON j.id = d.job_id
+WHERE d.depends_on_id = ANY(%(ids)s::text[]) AND j.status = 'pending';
 
 -- name: checkpoint
 -- Store a running job's state, fenced by its lease.
@@ -296,3 +322,93 @@ SELECT version FROM conveyor_migrations;
 -- Record one applied migration.
 INSERT INTO conveyor_migrations (version, name, applied_at)
 VALUES (%(version)s, %(name)s, coalesce(%(now)s::timestamptz, now()));
+
+-- name: get_many
+-- Jobs by id.
+SELECT * FROM conveyor_jobs WHERE id = ANY(%(ids)s::text[]);
+
+-- name: lock_dependencies
+-- The status of a new job's dependencies, locked against change until it is inserted: a
+-- dependency finishing meanwhile then sees the new job among its dependents.
+SELECT id, status FROM conveyor_jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR SHARE;
+
+-- name: insert_dependencies
+-- Record that a job waits for others.
+INSERT INTO conveyor_dependencies (job_id, depends_on_id)
+SELECT %(job_id)s, upstream FROM unnest(%(ids)s::text[]) AS upstream
+ON CONFLICT DO NOTHING;
+
+-- name: lock_children
+-- Serialise decisions about these parents' children until the transaction ends.
+SELECT pg_advisory_xact_lock(hashtext('conveyor_children'), hashtext(parent.id))
+FROM (SELECT DISTINCT id FROM unnest(%(ids)s::text[]) AS id ORDER BY id) AS parent;
+
+-- name: children_counts
+-- How many children of each of these jobs are in each status.
+SELECT parent_id, status, count(*) AS n FROM conveyor_jobs
+WHERE parent_id = ANY(%(ids)s::text[])
+GROUP BY parent_id, status;
+
+-- name: finish_waiting
+-- End a waiting parent once its last child has ended.
+UPDATE conveyor_jobs
+SET status = %(status)s, error = %(error)s, finished_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'waiting'
+RETURNING id, parent_id, status;
+
+-- name: pending_dependents
+-- Pending jobs that wait for a job, locked until this transaction ends.
+SELECT j.id FROM conveyor_dependencies d JOIN conveyor_jobs j ON j.id = d.job_id
+WHERE d.depends_on_id = %(id)s AND j.status = 'pending'
+ORDER BY j.id
+FOR UPDATE OF j;
+
+-- name: unmet_dependencies
+-- How many of a job's dependencies have not succeeded.
+SELECT count(*) AS n FROM conveyor_dependencies d JOIN conveyor_jobs j ON j.id = d.depends_on_id
+WHERE d.job_id = %(id)s AND j.status <> 'succeeded';
+
+-- name: release_pending
+-- Queue a pending job whose dependencies all succeeded.
+UPDATE conveyor_jobs SET status = 'queued' WHERE id = %(id)s AND status = 'pending';
+
+-- name: cancel_pending
+-- Cancel a pending job whose dependency failed or was cancelled.
+UPDATE conveyor_jobs
+SET status = 'cancelled', error = %(reason)s, finished_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id, parent_id, status;
+
+-- name: cancel_waiting
+-- Cancel a waiting parent.
+UPDATE conveyor_jobs
+SET status = 'cancelled', error = %(reason)s, finished_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'waiting'
+RETURNING *;
+
+-- name: unfinished_descendants
+-- Every unfinished job below a job in its tree.
+WITH RECURSIVE below (id) AS (
+    SELECT id FROM conveyor_jobs WHERE parent_id = %(id)s
+    UNION ALL
+    SELECT j.id FROM conveyor_jobs j JOIN below b ON j.parent_id = b.id
+)
+SELECT j.id, j.status FROM conveyor_jobs j JOIN below b ON j.id = b.id
+WHERE j.status IN ('pending', 'queued', 'running', 'waiting');
+
+-- name: lease_holder
+-- The root of a job if the given lease still holds it, locked so that no rescue or
+-- settle can take the lease until the children are inserted.
+SELECT coalesce(root_id, id) AS root_id FROM conveyor_jobs
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+FOR UPDATE;
+
+-- name: waiting_parents
+-- Waiting parents none of whose children is unfinished (a safety net for the settle cascade).
+SELECT p.id FROM conveyor_jobs p
+WHERE p.status = 'waiting'
+  AND NOT EXISTS (
+      SELECT 1 FROM conveyor_jobs c
+      WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
+  )
+LIMIT %(limit)s;
