@@ -627,6 +627,10 @@ class _Port:
         if store is None or self.run.interrupt is _Interrupt.LOST:
             return None
         jobs = app.prepare(submissions)
+        # Children belong to their parent's tenant, so that the API shows a tenant its trees.
+        tenant = self.run.job.tenant
+        if tenant is not None:
+            jobs = [j if j.tenant else dataclasses.replace(j, tenant=tenant) for j in jobs]
         spawned = await store.spawn(self.run.key, jobs)
         if spawned is None:
             return None

@@ -17,6 +17,7 @@ LAYERS = [
         lambda m: m
         in {
             "conveyor._registry",
+            "conveyor._resource",
             "conveyor._blocking",
             "conveyor._isolation",
             "conveyor.context",

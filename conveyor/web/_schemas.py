@@ -1,0 +1,181 @@
+"""The API's documents: what a request may send and what each answer holds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from conveyor.core.lifecycle import Status
+
+_ID = Field(min_length=1, max_length=200, pattern=r"^[^\x00]*$")
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """Return a datetime in UTC (naive ones are taken as UTC), or raise ValueError."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range once converted to UTC") from None
+
+
+class JobSubmission(BaseModel):
+    """One job to submit; only ``type`` is required."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(min_length=1, max_length=200, description="A registered job type.")
+    payload: dict[str, Any] = Field(
+        default_factory=dict, description="The handler's keyword arguments."
+    )
+    id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="A client id: submitting the same id again returns the existing job.",
+    )
+    queue: str | None = Field(None, min_length=1, max_length=100)
+    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000, description="Lower runs first.")
+    run_at: datetime | None = Field(None, description="Not before this time.")
+    delay: float | None = Field(
+        None, ge=0, le=10 * 365 * 86400, allow_inf_nan=False, description="Seconds from now."
+    )
+    max_attempts: int | None = Field(None, ge=1, le=1000)
+    timeout: float | None = Field(
+        None, gt=0, le=365 * 86400, allow_inf_nan=False, description="Seconds per attempt."
+    )
+    unique_key: str | None = Field(None, min_length=1, max_length=200)
+    depends_on: list[str] = Field(default_factory=list, max_length=1000)
+    tenant: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="Admin tokens only: submit for another tenant (default: the token's).",
+    )
+
+    @field_validator("run_at")
+    @classmethod
+    def _run_at_utc(cls, value: datetime | None) -> datetime | None:
+        return utc(value)
+
+
+class ProgressOut(BaseModel):
+    done: float
+    total: float | None
+    message: str | None
+    fraction: float | None = Field(description="done/total between 0 and 1, if total is known.")
+
+
+class JobLinks(BaseModel):
+    """Where to go from a job; null where the action or relation does not apply."""
+
+    self: str
+    attempts: str
+    children: str
+    parent: str | None
+    root: str | None
+    cancel: str | None = Field(description="Set while the job is not terminal.")
+    retry: str | None = Field(description="Set when the job failed or was cancelled.")
+
+
+class JobOut(BaseModel):
+    """A job: its definition, its status and what it produced."""
+
+    id: str
+    type: str
+    queue: str
+    tenant: str | None
+    status: Status
+    terminal: bool
+    payload: dict[str, Any]
+    priority: int
+    attempts: int = Field(description="Attempts started so far.")
+    max_attempts: int
+    progress: ProgressOut | None
+    result: Any = Field(description="The handler's JSON result, once succeeded.")
+    result_ref: str | None
+    error: str | None
+    cancel_requested: bool
+    parent_id: str | None
+    root_id: str | None
+    depends_on: list[str]
+    unique_key: str | None
+    retry_of: str | None
+    timeout: float | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: JobLinks
+
+
+class JobListOut(BaseModel):
+    """A page of jobs; ``next`` is the URL of the following page, null on the last one."""
+
+    jobs: list[JobOut]
+    next: str | None
+
+
+class AttemptOut(BaseModel):
+    job_id: str
+    number: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: Literal["succeeded", "failed", "timed_out", "cancelled", "lost"]
+    error: str | None
+    traceback: str | None
+
+
+class AttemptListOut(BaseModel):
+    attempts: list[AttemptOut]
+
+
+class WorkerOut(BaseModel):
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    stopped_at: datetime | None
+    state: Literal["running", "stopped"]
+
+
+class WorkerListOut(BaseModel):
+    workers: list[WorkerOut]
+
+
+class QueueOut(BaseModel):
+    name: str
+    paused: bool
+    counts: dict[str, int] = Field(description="Jobs per status.")
+
+
+class QueueListOut(BaseModel):
+    queues: list[QueueOut]
+
+
+class LiveOut(BaseModel):
+    status: Literal["alive"]
+
+
+class HealthOut(BaseModel):
+    """The cluster's health (SPEC §9): counts, newest worker heartbeat, and a verdict."""
+
+    status: Literal["healthy", "degraded", "unhealthy"]
+    queued: int | None
+    due: int | None = Field(description="Queued jobs whose run_at has passed.")
+    running: int | None
+    stale_running: int | None = Field(description="Running jobs whose lease expired.")
+    workers: int | None = Field(description="Workers ever registered.")
+    live_workers: int | None = Field(description="Workers registered and not stopped.")
+    last_heartbeat: datetime | None
+    heartbeat_age: float | None = Field(description="Seconds since the newest heartbeat.")
+    error: str | None = Field(None, description="Why the database could not be read.")
