@@ -18,10 +18,12 @@ from conveyor.errors import (
     InvalidPayload,
     InvalidState,
     JobNotFound,
+    LeaseHeld,
     LeaseLost,
     NotAConveyorDatabase,
     UnknownJobType,
 )
+from conveyor.store import Retention
 from conveyor.worker import Worker, WorkerOptions
 
 __version__ = "0.1.0"
@@ -41,10 +43,12 @@ __all__ = [
     "JobDefinition",
     "JobHandle",
     "JobNotFound",
+    "LeaseHeld",
     "LeaseLost",
     "NotAConveyorDatabase",
     "Outcome",
     "Progress",
+    "Retention",
     "Retry",
     "Status",
     "Submission",

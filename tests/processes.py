@@ -32,8 +32,13 @@ class WorkerProcesses:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str, app: str = "tests.apps.procs:app") -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+    def start(
+        self,
+        *args: str,
+        app: str = "tests.apps.procs:app",
+        env_extra: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ) | (env_extra or {})
         env["CONVEYOR_TEST_RECORD"] = str(self.record_path)
         env["CONVEYOR_DATABASE_URL"] = self.db_url
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

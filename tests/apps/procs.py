@@ -61,3 +61,27 @@ async def video(ctx: JobContext, frames: int) -> dict[str, int]:
         if (frame + 1) % 10 == 0:
             await ctx.checkpoint({"frame": frame + 1})
     return {"frames": frames, "resumed_from": start}
+
+
+@app.job(global_concurrency=2)
+async def limited(ctx: JobContext) -> None:
+    record(ctx, "start")
+    await asyncio.sleep(0.1)
+    record(ctx, "end")
+
+
+@app.job(global_concurrency=1, max_attempts=5, backoff="100ms")
+async def singleton(ctx: JobContext, seconds: float) -> int:
+    record(ctx, "start")
+    await asyncio.sleep(seconds)
+    return os.getpid()
+
+
+@app.job(rate_limit="20/s")
+async def rated(ctx: JobContext) -> None:
+    record(ctx, "start")
+
+
+@app.job()
+async def unlimited(ctx: JobContext) -> None:
+    record(ctx, "start")

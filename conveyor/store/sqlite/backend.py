@@ -540,7 +540,9 @@ class SQLiteStore:
         self, conn: sqlite3.Connection, params: dict[str, Any], limits: Limits
     ) -> list[Job]:
         """Claim within concurrency and rate limits; the write lock makes the counts exact."""
-        now = params["now"]
+        # Read the clock only now that this transaction holds the write lock: a time read
+        # before waiting for it would record rate-limited starts in the past.
+        now = params["now"] = self._clock()
         capacity = FlowCapacity.start(limits)
         if limits.cluster:
             types = json.dumps(list(limits.cluster))

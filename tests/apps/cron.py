@@ -1,0 +1,34 @@
+"""An application whose clock runs fast, for cron tests with real worker processes.
+
+Every process computes the same time: CONVEYOR_TEST_CLOCK_START (store time at real
+time CONVEYOR_TEST_CLOCK_REAL) plus real seconds since then times CONVEYOR_TEST_CLOCK_SPEED.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from conveyor import Conveyor, JobContext
+
+_START = float(os.environ.get("CONVEYOR_TEST_CLOCK_START", "0") or 0)
+_REAL = float(os.environ.get("CONVEYOR_TEST_CLOCK_REAL", "0") or 0)
+_SPEED = float(os.environ.get("CONVEYOR_TEST_CLOCK_SPEED", "1"))
+
+
+def fast_clock() -> float:
+    return _START + (time.time() - _REAL) * _SPEED
+
+
+app = Conveyor(
+    os.environ.get("CONVEYOR_DATABASE_URL", "sqlite:///conveyor-test-unused.db"),
+    clock=fast_clock if _START else None,
+)
+
+
+@app.job(queue="ticks")
+async def tick(ctx: JobContext) -> None:
+    return None
+
+
+app.schedule("every-minute", "* * * * *", tick)
