@@ -4,6 +4,7 @@
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -525,6 +526,7 @@ def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
             schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, definition in extra.get("$defs", {}).items():
                 schemas.setdefault(name, definition)
+            _submission_variants(app, schemas)
             api.openapi_schema = schema
         return api.openapi_schema
 
@@ -544,6 +546,56 @@ tenant and has a role: `read`, `write` (submit, cancel, retry) or `admin` (every
 and queue operations). Another tenant's job answers 404. Errors are
 `application/problem+json` documents whose `detail` says what to do.
 """
+
+
+def _submission_variants(app: Conveyor, schemas: dict[str, Any]) -> None:
+    """Document one submission per registered job type, with its payload's own schema.
+
+    Built when the document is first asked for, so job types registered after
+    :func:`create_api` are in it. Strings carry the API's NUL-free pattern.
+    """
+    base = schemas["JobSubmission"]
+    variants = []
+    for name in app.registry.names():
+        payload = app.registry.get(name).model.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        for def_name, definition in payload.pop("$defs", {}).items():
+            schemas.setdefault(def_name, _no_nul(definition))
+        key = "Payload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        schemas[key] = _no_nul(payload)
+        properties = {
+            **base["properties"],
+            "type": {"const": name, "type": "string", "title": "Type"},
+            "payload": {"$ref": f"#/components/schemas/{key}"},
+        }
+        variants.append(
+            {
+                "type": "object",
+                "title": f"Submit {name}",
+                "properties": properties,
+                "required": ["type", "payload"] if payload.get("required") else ["type"],
+                "additionalProperties": False,
+            }
+        )
+    if variants:
+        schemas["JobSubmission"] = {
+            "title": "JobSubmission",
+            "description": base.get("description", ""),
+            "oneOf": variants,
+        }
+
+
+def _no_nul(node: Any) -> Any:
+    """Add the NUL-free pattern to every string schema without a pattern of its own."""
+    if isinstance(node, dict):
+        out = {k: _no_nul(v) for k, v in node.items()}
+        if out.get("type") == "string" and "pattern" not in out and "format" not in out:
+            out["pattern"] = _NO_NUL
+        return out
+    if isinstance(node, list):
+        return [_no_nul(v) for v in node]
+    return node
 
 
 def _header(description: str) -> dict[str, Any]:

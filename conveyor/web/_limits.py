@@ -6,6 +6,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.web._problems import ProblemError, send_problem
 
+# After refusing a body, the rest of it is read and thrown away (never kept) up to this
+# many bytes, so that the client, still sending, gets to read the 413 rather than a reset
+# connection. A client that announces more than this is answered at once.
+_DRAIN_LIMIT = 64 * 1024 * 1024
+
 
 class BodyTooLarge(ProblemError):
     def __init__(self, limit: int) -> None:
@@ -17,8 +22,8 @@ class BodyTooLarge(ProblemError):
 
 
 class BodyLimit:
-    """ASGI middleware: a declared ``Content-Length`` over the limit is refused before any
-    byte is read, and a body that grows past it while streaming is cut off at the limit."""
+    """ASGI middleware: a declared ``Content-Length`` over the limit is refused before the
+    body is used, and a body that grows past it while streaming is cut off at the limit."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -35,18 +40,43 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
+                    if declared <= _DRAIN_LIMIT:
+                        await _drain(receive, 0)
                     detail = BodyTooLarge(self.max_bytes).detail
                     await send_problem(send, 413, detail, scope.get("path"))
                     return
         received = 0
+        more = True
+        exceeded = False
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, more, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                more = bool(message.get("more_body", False))
                 if received > self.max_bytes:
+                    exceeded = True
                     raise BodyTooLarge(self.max_bytes)
             return message
 
-        await self.app(scope, limited, send)
+        async def sending(message: Message) -> None:
+            nonlocal more
+            if message["type"] == "http.response.start" and exceeded and more:
+                more = False
+                await _drain(receive, received)
+            await send(message)
+
+        await self.app(scope, limited, sending)
+
+
+async def _drain(receive: Receive, already: int) -> None:
+    """Read and discard the rest of a request body, up to the drain limit."""
+    total = already
+    while total <= _DRAIN_LIMIT:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        total += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.core.lifecycle import Status
 
-_ID = Field(min_length=1, max_length=200, pattern=r"^[^\x00]*$")
+_NUL_FREE = r"^[^\x00]*$"
 
 
 def utc(value: datetime | None) -> datetime | None:
-    """Return a datetime in UTC (naive ones are taken as UTC), or raise ValueError."""
+    """Return a datetime in UTC (naive ones are taken as UTC).
+
+    A time that falls outside what datetime holds once converted (year 1 at +05:00) is
+    clamped to the first or last representable instant.
+    """
     if value is None:
         return None
     if value.tzinfo is None:
@@ -21,7 +25,8 @@ def utc(value: datetime | None) -> datetime | None:
     try:
         return value.astimezone(UTC)
     except OverflowError:
-        raise ValueError("the time is out of range once converted to UTC") from None
+        edge = datetime.min if value.year < 5000 else datetime.max
+        return edge.replace(tzinfo=UTC)
 
 
 class JobSubmission(BaseModel):
@@ -29,7 +34,9 @@ class JobSubmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: str = Field(min_length=1, max_length=200, description="A registered job type.")
+    type: str = Field(
+        min_length=1, max_length=200, pattern=_NUL_FREE, description="A registered job type."
+    )
     payload: dict[str, Any] = Field(
         default_factory=dict, description="The handler's keyword arguments."
     )
@@ -37,9 +44,10 @@ class JobSubmission(BaseModel):
         None,
         min_length=1,
         max_length=200,
+        pattern=_NUL_FREE,
         description="A client id: submitting the same id again returns the existing job.",
     )
-    queue: str | None = Field(None, min_length=1, max_length=100)
+    queue: str | None = Field(None, min_length=1, max_length=100, pattern=_NUL_FREE)
     priority: int | None = Field(None, ge=-1_000_000, le=1_000_000, description="Lower runs first.")
     run_at: datetime | None = Field(None, description="Not before this time.")
     delay: float | None = Field(
@@ -49,12 +57,13 @@ class JobSubmission(BaseModel):
     timeout: float | None = Field(
         None, gt=0, le=365 * 86400, allow_inf_nan=False, description="Seconds per attempt."
     )
-    unique_key: str | None = Field(None, min_length=1, max_length=200)
-    depends_on: list[str] = Field(default_factory=list, max_length=1000)
+    unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=_NUL_FREE)
+    depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=_NUL_FREE)]] = (
+        Field(default_factory=list, max_length=1000, description="Ids of jobs to wait for.")
+    )
     tenant: str | None = Field(
         None,
-        min_length=1,
-        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$",
         description="Admin tokens only: submit for another tenant (default: the token's).",
     )
 
