@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import ipaddress
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 from rich.console import Console
@@ -40,7 +41,8 @@ from rich.table import Table
 from conveyor.client import Conveyor, JobHandle
 from conveyor.core.durations import seconds
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Job
+from conveyor.core.model import Attempt, Job
+from conveyor.core.model import Progress as ProgressRecord
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
@@ -50,9 +52,11 @@ from conveyor.errors import (
     InvalidPayload,
     JobNotFound,
     ScheduleNotFound,
+    TokenNotFound,
     UnknownJobType,
 )
 from conveyor.store import Retention
+from conveyor.web.remote import RemoteClient, RemoteJob
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -148,6 +152,48 @@ _app_option = click.option(
     metavar="MODULE:ATTR",
     help="Application whose job types to use (env CONVEYOR_APP).",
 )
+_server_option = click.option(
+    "--url",
+    "server_url",
+    envvar="CONVEYOR_URL",
+    metavar="URL",
+    help="Act through a conveyor server's API, e.g. http://host:8000 (env CONVEYOR_URL), "
+    "instead of the database.",
+)
+_token_option = click.option(
+    "--token",
+    envvar="CONVEYOR_TOKEN",
+    metavar="TOKEN",
+    help="API token for --url (env CONVEYOR_TOKEN).",
+)
+
+
+def _remote(url: str, token: str | None) -> RemoteClient:
+    try:
+        return RemoteClient(url, token)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
+class _JobView(Protocol):
+    """A job the commands print and follow: a local handle, or one read over HTTP."""
+
+    record: Job
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def progress(self) -> ProgressRecord | None: ...
+    @property
+    def terminal(self) -> bool: ...
+    async def refresh(self) -> Any: ...
+    async def attempts(self) -> list[Attempt]: ...
+
+
 _url_option = click.option(
     "--database-url",
     envvar="CONVEYOR_DATABASE_URL",
@@ -442,6 +488,8 @@ def _parse_payload(text: str) -> dict[str, Any]:
     default=None,
     help="With --wait: give up after this many seconds.",
 )
+@_server_option
+@_token_option
 def submit(
     job_type: str,
     payload: str,
@@ -453,8 +501,26 @@ def submit(
     delay: str | None,
     wait: bool,
     wait_timeout: float | None,
+    server_url: str | None,
+    token: str | None,
 ) -> None:
-    """Submit a job of TYPE; the payload is checked against the handler's signature."""
+    """Submit a job of TYPE; the payload is checked against the handler's signature.
+
+    With --url the server checks it (no --app needed there).
+    """
+    if server_url:
+        _submit_remote(
+            _remote(server_url, token),
+            job_type,
+            _parse_payload(payload),
+            job_id=job_id,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            wait=wait,
+            wait_timeout=wait_timeout,
+        )
+        return
     if not app_spec:
         _fail(
             "submit needs the application to check the payload: pass --app module:attr "
@@ -480,7 +546,41 @@ def submit(
             sys.exit(EXIT_JOB_FAILED)
 
 
-async def _follow(job: JobHandle, timeout: float | None) -> None:
+def _submit_remote(
+    client: RemoteClient,
+    job_type: str,
+    data: dict[str, Any],
+    *,
+    job_id: str | None,
+    queue: str | None,
+    priority: int | None,
+    delay: str | None,
+    wait: bool,
+    wait_timeout: float | None,
+) -> None:
+    try:
+        delay_seconds = seconds(delay) if delay is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--delay") from None
+
+    async def go() -> RemoteJob:
+        async with client:
+            job = await client.submit(
+                job_type, data, id=job_id, queue=queue, priority=priority, delay=delay_seconds
+            )
+            console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
+            if wait:
+                await _follow(job, wait_timeout)
+            return job
+
+    job = _run(go())
+    if wait:
+        _print_job(job, attempts=None)
+        if job.status is not Status.SUCCEEDED:
+            sys.exit(EXIT_JOB_FAILED)
+
+
+async def _follow(job: _JobView, timeout: float | None) -> None:
     """Poll a job until it is terminal, drawing its progress as a bar with rate and ETA."""
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -524,6 +624,8 @@ def jobs() -> None:
 @click.option("--type", "job_type", default=None, help="Filter by job type.")
 @click.option("--queue", default=None, help="Filter by queue.")
 @click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+@_server_option
+@_token_option
 def jobs_list(
     app_spec: str | None,
     database_url: str | None,
@@ -531,6 +633,8 @@ def jobs_list(
     job_type: str | None,
     queue: str | None,
     limit: int,
+    server_url: str | None,
+    token: str | None,
 ) -> None:
     """List jobs, newest first."""
     known = {s.value for s in Status}
@@ -540,12 +644,24 @@ def jobs_list(
                 f"unknown status {s!r}; use one of {', '.join(sorted(known))}",
                 param_hint="--status",
             )
-    app = _app_from(app_spec, database_url)
-    found = _run(app.list_jobs(status=status, type=job_type, queue=queue, limit=limit))
+    found: Sequence[_JobView]
+    if server_url:
+        client = _remote(server_url, token)
+
+        async def remote() -> list[RemoteJob]:
+            async with client:
+                return await client.list_jobs(
+                    status=status, type=job_type, queue=queue, limit=limit
+                )
+
+        found = _run(remote())
+    else:
+        app = _app_from(app_spec, database_url)
+        found = _run(app.list_jobs(status=status, type=job_type, queue=queue, limit=limit))
     console.print(_jobs_table(found, title=f"{len(found)} job(s)"))
 
 
-def _jobs_table(found: list[JobHandle], *, title: str | None = None) -> Table:
+def _jobs_table(found: Sequence[_JobView], *, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("id", "type", "queue", "status", "attempt", "progress", "result / error"):
         table.add_column(column, overflow="fold")
@@ -583,21 +699,39 @@ def _status_text(r: Job) -> str:
 @_app_option
 @_url_option
 @click.option("--follow", "-f", is_flag=True, help="Follow the job's progress until it ends.")
-def jobs_show(job_id: str, app_spec: str | None, database_url: str | None, follow: bool) -> None:
+@_server_option
+@_token_option
+def jobs_show(
+    job_id: str,
+    app_spec: str | None,
+    database_url: str | None,
+    follow: bool,
+    server_url: str | None,
+    token: str | None,
+) -> None:
     """Show one job with its attempts (--follow: a live progress bar until it ends)."""
-    app = _app_from(app_spec, database_url)
 
-    async def go() -> tuple[JobHandle, list[Any]]:
-        job = await app.get(job_id)
+    async def go(get: Callable[[str], Awaitable[_JobView]]) -> tuple[_JobView, list[Any]]:
+        job = await get(job_id)
         if follow and not job.terminal:
             await _follow(job, None)
         return job, await job.attempts()
 
-    job, attempts = _run(go())
+    if server_url:
+        client = _remote(server_url, token)
+
+        async def remote() -> tuple[_JobView, list[Any]]:
+            async with client:
+                return await go(client.get)
+
+        job, attempts = _run(remote())
+    else:
+        app = _app_from(app_spec, database_url)
+        job, attempts = _run(go(app.get))
     _print_job(job, attempts)
 
 
-def _print_job(job: JobHandle, attempts: list[Any] | None) -> None:
+def _print_job(job: _JobView, attempts: list[Any] | None) -> None:
     r = job.record
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -654,10 +788,28 @@ def _print_job(job: JobHandle, attempts: list[Any] | None) -> None:
 @click.argument("job_id")
 @_app_option
 @_url_option
-def jobs_cancel(job_id: str, app_spec: str | None, database_url: str | None) -> None:
+@_server_option
+@_token_option
+def jobs_cancel(
+    job_id: str,
+    app_spec: str | None,
+    database_url: str | None,
+    server_url: str | None,
+    token: str | None,
+) -> None:
     """Cancel a job (a running one is asked to stop)."""
-    app = _app_from(app_spec, database_url)
-    job = _run(app.cancel(job_id))
+    job: _JobView
+    if server_url:
+        client = _remote(server_url, token)
+
+        async def remote() -> RemoteJob:
+            async with client:
+                return await client.cancel(job_id)
+
+        job = _run(remote())
+    else:
+        app = _app_from(app_spec, database_url)
+        job = _run(app.cancel(job_id))
     if job.status is Status.CANCELLED:
         console.print(f"job {job.id} cancelled")
     elif job.status is Status.RUNNING:
@@ -670,11 +822,191 @@ def jobs_cancel(job_id: str, app_spec: str | None, database_url: str | None) -> 
 @click.argument("job_id")
 @_app_option
 @_url_option
-def jobs_retry(job_id: str, app_spec: str | None, database_url: str | None) -> None:
+@_server_option
+@_token_option
+def jobs_retry(
+    job_id: str,
+    app_spec: str | None,
+    database_url: str | None,
+    server_url: str | None,
+    token: str | None,
+) -> None:
     """Retry a failed or cancelled job as a new job (the old one is kept as it is)."""
-    app = _app_from(app_spec, database_url)
-    job = _run(app.retry(job_id))
+    job: _JobView
+    if server_url:
+        client = _remote(server_url, token)
+
+        async def remote() -> RemoteJob:
+            async with client:
+                return await client.retry(job_id)
+
+        job = _run(remote())
+    else:
+        app = _app_from(app_spec, database_url)
+        job = _run(app.retry(job_id))
     console.print(f"job {job_id} retried as [bold]{job.id}[/]")
+
+
+# -- serve -----------------------------------------------------------------------------
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@main.command()
+@click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
+@_url_option
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="CONVEYOR_HOST",
+              help="Address to listen on (env CONVEYOR_HOST).")
+@click.option("--port", default=8000, show_default=True, type=int, envvar="CONVEYOR_PORT",
+              help="Port to listen on (env CONVEYOR_PORT).")
+@click.option("--with-worker", is_flag=True,
+              help="Also run a worker in this process, on the same event loop.")
+@click.option("--concurrency", "-c", default=10, show_default=True,
+              help="With --with-worker: jobs run at once.")
+@click.option("--max-body", default=1024 * 1024, show_default=True,
+              help="Largest request body accepted, in bytes (413 above it).")
+def serve(
+    app_spec: str,
+    database_url: str | None,
+    host: str,
+    port: int,
+    with_worker: bool,
+    concurrency: int,
+    max_body: int,
+) -> None:
+    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) with uvicorn.
+
+    Every route but /health needs a bearer token. Bound to an address other than
+    loopback, serve refuses to start until a token exists (conveyor tokens create); on
+    loopback with no token it creates an admin token and prints it once. SIGTERM or
+    SIGINT stops the server, then the worker hands its running jobs back.
+    """
+    from conveyor.web import ApiOptions, create_api
+
+    app = _app_from(app_spec, database_url)
+    try:
+        api = create_api(app, options=ApiOptions(max_body_bytes=max_body))
+        options = WorkerOptions(concurrency=concurrency) if with_worker else None
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    _run(_serve(app, api, host, port, options))
+
+
+async def _serve(
+    app: Conveyor, api: Any, host: str, port: int, worker_options: WorkerOptions | None
+) -> None:
+    import uvicorn
+
+    if not [t for t in await app.list_tokens() if t.active]:
+        if not _is_loopback(host):
+            _fail(
+                f"refusing to serve on {host} with no API token: anyone who can reach it "
+                "could act on every job. Create one first (conveyor tokens create --tenant T "
+                "--role admin), or bind to 127.0.0.1",
+                EXIT_USAGE,
+            )
+        token, secret = await app.create_token(
+            tenant="default", role="admin", name="created by conveyor serve on loopback"
+        )
+        err_console.print(
+            f"no API token existed: created admin token {token.id} (tenant 'default'). "
+            "It is shown this once:"
+        )
+        console.print(secret, highlight=False)
+        console.file.flush()
+    config = uvicorn.Config(api, host=host, port=port, lifespan="off", log_level="info")
+    server = uvicorn.Server(config)
+    running: asyncio.Task[None] | None = None
+    if worker_options is not None:
+        worker_ = app.worker(worker_options)
+        running = asyncio.create_task(worker_.run(), name="conveyor-worker")
+    try:
+        await server.serve()
+    finally:
+        if running is not None:
+            worker_.stop()
+            await running
+        await app.close()
+
+
+# -- tokens ----------------------------------------------------------------------------
+
+
+@main.group()
+def tokens() -> None:
+    """Create, list and revoke API tokens (stored hashed; a secret is shown once)."""
+
+
+@tokens.command("create")
+@_app_option
+@_url_option
+@click.option("--tenant", required=True, help="The tenant whose jobs the token acts on.")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(["read", "write", "admin"]),
+    help="read: see jobs; write: also submit, cancel, retry; admin: every tenant, queues.",
+)
+@click.option("--name", default=None, help="A note saying who or what uses the token.")
+def tokens_create(
+    app_spec: str | None, database_url: str | None, tenant: str, role: str, name: str | None
+) -> None:
+    """Create an API token and print it (on stdout, alone, this once only)."""
+    app = _app_from(app_spec, database_url)
+    token, secret = _run(app.create_token(tenant=tenant, role=role, name=name))
+    err_console.print(
+        f"created token {token.id} for tenant {token.tenant!r} with role {token.role.value}; "
+        "store it now, it is not shown again:"
+    )
+    console.print(secret, highlight=False)
+
+
+@tokens.command("list")
+@_app_option
+@_url_option
+def tokens_list(app_spec: str | None, database_url: str | None) -> None:
+    """List API tokens (never their secrets), newest first."""
+    app = _app_from(app_spec, database_url)
+    found = _run(app.list_tokens())
+    table = Table(title=f"{len(found)} token(s)", title_justify="left")
+    for column in ("id", "tenant", "role", "name", "created", "last used", "revoked"):
+        table.add_column(column, overflow="fold")
+    for t in found:
+        table.add_row(
+            t.id,
+            t.tenant,
+            t.role.value,
+            t.name or "",
+            t.created_at.isoformat(timespec="seconds"),
+            t.last_used_at.isoformat(timespec="seconds") if t.last_used_at else "",
+            t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else "",
+        )
+    console.print(table)
+
+
+@tokens.command("revoke")
+@click.argument("token_id", metavar="ID")
+@_app_option
+@_url_option
+def tokens_revoke(token_id: str, app_spec: str | None, database_url: str | None) -> None:
+    """Revoke the token ID: requests bearing it are refused from now on."""
+    app = _app_from(app_spec, database_url)
+
+    async def go() -> None:
+        try:
+            await app.revoke_token(token_id)
+        except TokenNotFound as exc:
+            _fail(str(exc), EXIT_NOT_FOUND)
+
+    _run(go())
+    console.print(f"token {token_id} revoked")
 
 
 # -- status ----------------------------------------------------------------------------
