@@ -19,6 +19,7 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
 from psycopg_pool import AsyncConnectionPool
 
+from conveyor.core.auth import Role, Token
 from conveyor.core.lifecycle import (
     ACTIVE,
     Status,
@@ -48,6 +49,8 @@ from conveyor.errors import (
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store.protocol import (
     Beat,
+    HealthCounts,
+    JobPageQuery,
     JobQuery,
     Lease,
     QueueInfo,
@@ -1044,6 +1047,68 @@ class PostgresStore:
     def _where(self) -> str:
         return _describe(self._params)
 
+    # -- the API's reads and tokens -----------------------------------------------------
+
+    async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        params = {
+            "statuses": [s.value for s in query.status] if query.status else None,
+            "type": query.type,
+            "queue": query.queue,
+            "tenant": query.tenant,
+            "parent_id": query.parent_id,
+            "root_id": query.root_id,
+            "top_level": query.top_level,
+            "created_after": query.created_after,
+            "created_before": query.created_before,
+            "after_created": query.after[0] if query.after else None,
+            "after_id": query.after[1] if query.after else None,
+            "limit": query.limit,
+        }
+        scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
+        name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
+        return [_job(row) for row in await self._fetch(name, params)]
+
+    async def health(self) -> HealthCounts:
+        (row,) = await self._fetch("health", {"now": self._now()})
+        now = _utc(row["now"])
+        if now is None:
+            raise RuntimeError("the database returned no time")
+        return HealthCounts(
+            queued=row["queued"],
+            due=row["due"],
+            running=row["running"],
+            stale_running=row["stale_running"],
+            workers=row["workers"],
+            live_workers=row["live_workers"],
+            last_heartbeat=_utc(row["last_heartbeat"]),
+            now=now,
+        )
+
+    async def create_token(self, token: Token) -> None:
+        params = {
+            "id": token.id,
+            "tenant": token.tenant,
+            "role": token.role.value,
+            "secret_hash": token.secret_hash,
+            "name": token.name,
+            "created_at": token.created_at,
+        }
+        await self._execute("create_token", params)
+
+    async def find_token(self, token_id: str) -> Token | None:
+        rows = await self._fetch("find_token", {"id": token_id})
+        return _token(rows[0]) if rows else None
+
+    async def touch_token(self, token_id: str) -> None:
+        await self._execute("touch_token", {"id": token_id, "now": self._now()})
+
+    async def revoke_token(self, token_id: str) -> Token | None:
+        rows = await self._fetch("revoke_token", {"id": token_id, "now": self._now()})
+        return _token(rows[0]) if rows else None
+
+    async def list_tokens(self) -> list[Token]:
+        return [_token(row) for row in await self._fetch("list_tokens")]
+
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
@@ -1069,3 +1134,18 @@ def _settle_params(
         "message": [s.progress.message if s.progress else None for s in settlements],
     }
 
+
+def _token(row: Mapping[str, Any]) -> Token:
+    created_at = _utc(row["created_at"])
+    if created_at is None:
+        raise RuntimeError(f"token {row['id']!r} has no created_at")
+    return Token(
+        id=row["id"],
+        tenant=row["tenant"],
+        role=Role(row["role"]),
+        secret_hash=row["secret_hash"],
+        name=row["name"],
+        created_at=created_at,
+        last_used_at=_utc(row["last_used_at"]),
+        revoked_at=_utc(row["revoked_at"]),
+    )

@@ -412,3 +412,108 @@ WHERE p.status = 'waiting'
       WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
   )
 LIMIT %(limit)s;
+
+-- name: page_jobs_newest_first
+-- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
+SELECT * FROM conveyor_jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
+  AND (NOT %(top_level)s OR parent_id IS NULL)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(after_id)s::text IS NULL
+       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: page_jobs_oldest_first
+-- One page of jobs of every tenant, oldest first, after the last (created_at, id) seen.
+SELECT * FROM conveyor_jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
+  AND (NOT %(top_level)s OR parent_id IS NULL)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(after_id)s::text IS NULL
+       OR (created_at, id) > (%(after_created)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: page_tenant_jobs_newest_first
+-- One page of one tenant's jobs, newest first (on the tenant's own index).
+SELECT * FROM conveyor_jobs
+WHERE tenant = %(tenant)s::text
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
+  AND (NOT %(top_level)s OR parent_id IS NULL)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(after_id)s::text IS NULL
+       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: page_tenant_jobs_oldest_first
+-- One page of one tenant's jobs, oldest first (on the tenant's own index).
+SELECT * FROM conveyor_jobs
+WHERE tenant = %(tenant)s::text
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
+  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
+  AND (NOT %(top_level)s OR parent_id IS NULL)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(after_id)s::text IS NULL
+       OR (created_at, id) > (%(after_created)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: health
+-- The counts the health check decides from, in one read, with the time they were read.
+SELECT
+    (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued') AS queued,
+    (SELECT count(*) FROM conveyor_jobs
+     WHERE status = 'queued' AND run_at <= coalesce(%(now)s::timestamptz, now())) AS due,
+    (SELECT count(*) FROM conveyor_jobs WHERE status = 'running') AS running,
+    (SELECT count(*) FROM conveyor_jobs
+     WHERE status = 'running'
+       AND lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS stale_running,
+    (SELECT count(*) FROM conveyor_workers) AS workers,
+    (SELECT count(*) FROM conveyor_workers WHERE stopped_at IS NULL) AS live_workers,
+    (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
+    coalesce(%(now)s::timestamptz, now()) AS now;
+
+-- name: create_token
+-- Store a new API token.
+INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at)
+VALUES (%(id)s, %(tenant)s, %(role)s, %(secret_hash)s, %(name)s, %(created_at)s);
+
+-- name: find_token
+-- One token by id.
+SELECT * FROM conveyor_tokens WHERE id = %(id)s;
+
+-- name: touch_token
+-- Record that a token was just used.
+UPDATE conveyor_tokens SET last_used_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s;
+
+-- name: revoke_token
+-- Revoke a token; revoking it again keeps the first time.
+UPDATE conveyor_tokens SET revoked_at = coalesce(revoked_at, %(now)s::timestamptz, now())
+WHERE id = %(id)s
+RETURNING *;
+
+-- name: list_tokens
+-- Every token, newest first.
+SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
