@@ -14,20 +14,26 @@ LAYERS = [
     ("store", lambda m: m.startswith("conveyor.store")),
     (
         "runtime",
-        lambda m: m
-        in {
-            "conveyor._registry",
-            "conveyor._resource",
-            "conveyor._blocking",
-            "conveyor._isolation",
-            "conveyor.context",
-            "conveyor.client",
-            "conveyor.worker",
-            "conveyor.maintenance",
-        },
+        lambda m: (
+            m
+            in {
+                "conveyor._registry",
+                "conveyor._resource",
+                "conveyor._blocking",
+                "conveyor._isolation",
+                "conveyor.context",
+                "conveyor.client",
+                "conveyor.worker",
+                "conveyor.maintenance",
+            }
+        ),
     ),
-    ("shell", lambda m: m in {"conveyor.cli", "conveyor.__main__", "conveyor"}
-     or m.startswith("conveyor.web")),
+    (
+        "shell",
+        lambda m: (
+            m in {"conveyor.cli", "conveyor.__main__", "conveyor"} or m.startswith("conveyor.web")
+        ),
+    ),
 ]
 
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool", "asyncio", "fastapi", "starlette", "click"}
@@ -62,9 +68,9 @@ def test_imports_point_inward() -> None:
         module = _module_name(path)
         own = _layer(module)
         for imported in _imports(path):
-            if imported.startswith("conveyor") and imported != "conveyor":
-                if _layer(imported) > own:
-                    wrong.append(f"{module} ({LAYERS[own][0]}) imports {imported}")
+            inside = imported.startswith("conveyor") and imported != "conveyor"
+            if inside and _layer(imported) > own:
+                wrong.append(f"{module} ({LAYERS[own][0]}) imports {imported}")
     assert not wrong, "imports that point outward:\n" + "\n".join(sorted(wrong))
 
 

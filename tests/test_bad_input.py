@@ -138,7 +138,7 @@ async def test_sqlite_database_of_another_application(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
     app = Conveyor(f"sqlite:///{path}")
-    with pytest.raises(NotAConveyorDatabase, match="not conveyor's.*orders"):
+    with pytest.raises(NotAConveyorDatabase, match=r"not conveyor's.*orders"):
         await app.list_jobs()
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

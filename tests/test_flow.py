@@ -80,7 +80,9 @@ async def test_catch_up_after_ten_missed_ticks(
     assert len(await store.fire_schedules(limit=10)) == 1
 
 
-async def test_schedules_are_listed_disabled_and_run_by_hand(store: Store, clock: FakeClock) -> None:
+async def test_schedules_are_listed_disabled_and_run_by_hand(
+    store: Store, clock: FakeClock
+) -> None:
     await store.sync_schedules([every_minute("nightly")])
     (info,) = await store.schedules()
     assert info.enabled and info.schedule.cron.expression == "* * * * *"
@@ -167,11 +169,9 @@ async def test_per_key_concurrency_does_not_block_other_keys(app: Conveyor) -> N
         running[customer] -= 1
 
     jobs = []
-    for i in range(6):
+    for _i in range(6):
         for customer in ("a", "b"):
-            jobs.append(
-                await app.submit("push", {"customer": customer}, concurrency_key=customer)
-            )
+            jobs.append(await app.submit("push", {"customer": customer}, concurrency_key=customer))
     async with running_worker(app, concurrency=8):
         for job in jobs:
             await settled(job, Status.SUCCEEDED)
@@ -214,9 +214,7 @@ async def test_an_expired_named_lease_is_taken_over_and_noticed(
     assert [(h.owner, h.ended) for h in history] == [("b", None), ("a", "expired")]
 
 
-async def test_prune_removes_old_finished_trees_whole(
-    app: Conveyor, db_url: str
-) -> None:
+async def test_prune_removes_old_finished_trees_whole(app: Conveyor, db_url: str) -> None:
     @app.job()
     async def leaf(ctx: JobContext) -> None:
         return None
@@ -240,7 +238,10 @@ async def test_prune_removes_old_finished_trees_whole(
         later.registry.add(app.registry.get(name))
     try:
         assert await later.prune() == 1  # the failed job: its type keeps failures 1 s
-        assert {j.id for j in await app.list_jobs()} == {tree.id, (await app.children(tree.id))[0].id}
+        assert {j.id for j in await app.list_jobs()} == {
+            tree.id,
+            (await app.children(tree.id))[0].id,
+        }
         far = Conveyor(db_url, clock=lambda: time.time() + 2 * 86_400)
         try:
             assert await far.prune(Retention()) == 2  # the parent and its child, together
@@ -257,5 +258,3 @@ async def test_rate_limit_parsing_errors(app: Conveyor) -> None:
         @app.job(rate_limit="fast")
         async def quick(ctx: JobContext) -> None:
             return None
-
-

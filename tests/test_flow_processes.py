@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import time
@@ -97,9 +98,7 @@ async def test_rate_limit_holds_across_three_workers_and_other_types_run(
     assert len(starts) == 200
     # The limit counts claims; a handler starts a few milliseconds after its claim, so a
     # window of handler starts is measured 50 ms short of the limit's one second.
-    worst = max(
-        sum(1 for t in starts[i:] if t < start + 0.95) for i, start in enumerate(starts)
-    )
+    worst = max(sum(1 for t in starts[i:] if t < start + 0.95) for i, start in enumerate(starts))
     assert worst <= 20, f"{worst} starts within 0.95 s"
     assert (starts[-1] - starts[0]) >= 199 / 20 - 1.0
     free_starts = [r.at for r in records if r.job_id in {j.id for j in free}]
@@ -120,7 +119,11 @@ async def test_five_workers_fire_each_cron_tick_exactly_once(
     }
     for _ in range(5):
         workers.start(
-            "--cron-interval", "0.01", "--poll-interval", "0.2", app="tests.apps.cron:app",
+            "--cron-interval",
+            "0.01",
+            "--poll-interval",
+            "0.2",
+            app="tests.apps.cron:app",
             env_extra=env,
         )
     # Run until store time has passed 100 ticks (and a little more), then stop.
@@ -135,13 +138,14 @@ async def test_five_workers_fire_each_cron_tick_exactly_once(
     # The 100 ticks from 00:01 to 01:40 of store time (the clock also ran before 00:00
     # while the workers started; those ticks fired too, once each).
     first_100 = [
-        t for t in ticks
+        t
+        for t in ticks
         if "cron:every-minute:2026-01-01T00:01" <= t < "cron:every-minute:2026-01-01T01:41"
     ]
     assert len(first_100) == 100
     assert len(ticks) == len(set(ticks))
     minutes = [datetime.strptime(t.split(":", 2)[2], "%Y-%m-%dT%H:%M:%SZ") for t in first_100]
-    assert all((b - a).total_seconds() == 60 for a, b in zip(minutes, minutes[1:], strict=False))
+    assert all((b - a).total_seconds() == 60 for a, b in itertools.pairwise(minutes))
 
 
 def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
@@ -149,9 +153,7 @@ def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
 ) -> None:
     record = tmp_path / "holds.log"
     command = [sys.executable, "-m", "tests.apps.leases", db_url, "500", str(record)]
-    racers = [
-        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL) for _ in range(2)
-    ]
+    racers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL) for _ in range(2)]
     for racer in racers:
         assert racer.wait(300) == 0
     holds = []
@@ -161,5 +163,5 @@ def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
     holds.sort()
     assert len(holds) >= 100
     assert len({h[0] for h in holds}) == len(holds), "every holding has its own token"
-    for (_, _, end, _), (_, start, _, _) in zip(holds, holds[1:], strict=False):
+    for (_, _, end, _), (_, start, _, _) in itertools.pairwise(holds):
         assert end <= start, "two holders at once"

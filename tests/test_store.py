@@ -172,7 +172,7 @@ async def test_rescue_records_a_lost_attempt_and_applies_the_retry_policy(
     # The zombie's completion is refused after the rescue.
     late = Settlement("a", job.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
     assert await store.settle([late]) == ["a"]
-    (second,) = await claim(store)
+    (_second,) = await claim(store)
     clock.advance(31)
     (rescued,) = await store.rescue(limit=10, jitter=0.0)
     assert rescued.status is Status.FAILED  # a job that kills its worker cannot loop forever

@@ -39,7 +39,7 @@ async def test_parent_waits_for_children_and_succeeds_once(app: Conveyor) -> Non
     retried = [c for c in children if c.record.attempt == 2]
     assert len(retried) == 8  # n = 0, 25, ..., 175 failed once, then succeeded
     tree = await app.tree(job.id)
-    assert [t.id for t in tree][0] == job.id and len(tree) == 201
+    assert next(t.id for t in tree) == job.id and len(tree) == 201
 
 
 async def test_parent_fails_when_a_child_exhausts_its_attempts(app: Conveyor) -> None:
