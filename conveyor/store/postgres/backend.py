@@ -8,6 +8,7 @@ import json
 import logging
 import random
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -20,6 +21,8 @@ from psycopg.types.json import JsonLoader
 from psycopg_pool import AsyncConnectionPool
 
 from conveyor.core.auth import Role, Token
+from conveyor.core.cron import CatchUp, Cron, Schedule, plan_schedule, schedule_job
+from conveyor.core.flow import FlowCapacity
 from conveyor.core.lifecycle import (
     ACTIVE,
     Status,
@@ -53,8 +56,12 @@ from conveyor.store.protocol import (
     JobPageQuery,
     JobQuery,
     Lease,
+    LeaseRecord,
+    Limits,
     QueueInfo,
     Rescued,
+    Retention,
+    ScheduleInfo,
     Submitted,
     WorkerInfo,
 )
@@ -63,6 +70,31 @@ T = TypeVar("T")
 Connection = psycopg.AsyncConnection[DictRow]
 
 log = logging.getLogger("conveyor.store.postgres")
+
+# psycopg_pool logs a warning for every connection it discards and every reconnection
+# attempt: a restart of the server would flood each worker's log. For conveyor's own
+# pools, the store logs the outage once instead (PostgresStore._connect_failed).
+_QUIET_POOLS: weakref.WeakValueDictionary[str, PostgresStore] = weakref.WeakValueDictionary()
+_OUR_CONNECTIONS: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+
+
+class _PoolNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == "error connecting in %r: %s" and len(args) == 2:
+            store = _QUIET_POOLS.get(str(args[0]))
+            if store is not None:
+                store._connect_failed(_reason(args[1]) if isinstance(args[1], Exception) else "")
+                return False
+        if str(record.msg).startswith("discarding ") and args:
+            try:
+                return args[0] not in _OUR_CONNECTIONS
+            except TypeError:
+                return True
+        return True
+
+
+logging.getLogger("psycopg.pool").addFilter(_PoolNoise())
 
 _Q = load_queries("conveyor.store.postgres")
 _MIGRATIONS = load_migrations("conveyor.store.postgres")
@@ -92,6 +124,8 @@ _HEARTBEAT_MARGIN_FRACTION = 1 / 6
 _HEARTBEAT_MARGIN_CAP = 2.0
 # How often an operation runs when its connection was dead or its transaction deadlocked.
 _ATTEMPTS = 3
+# A retention longer than this (about 95 years) keeps jobs forever.
+_FOREVER = 3e9
 # A unique key whose holder ends between our insert and our read-back is retried; more
 # than a few rounds would mean a bug, not a race.
 _SUBMIT_ROUNDS = 5
@@ -153,6 +187,63 @@ def _job(row: Mapping[str, Any]) -> Job:
         lease_expires_at=_utc(row["lease_expires_at"]),
         lease_token=row["lease_token"],
         cancel_requested=row["cancel_requested"],
+    )
+
+
+def _schedule_params(s: Schedule) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "cron": s.cron.expression,
+        "timezone": s.cron.timezone,
+        "type": s.type,
+        "payload": json.dumps(s.payload, separators=(",", ":")),
+        "queue": s.queue,
+        "priority": s.priority,
+        "max_attempts": s.max_attempts,
+        "timeout": s.timeout,
+        "lease_seconds": s.lease,
+        "backoff_base": s.backoff_base,
+        "backoff_cap": s.backoff_cap,
+        "catch_up": s.catch_up.value,
+        "backfill_limit": s.backfill_limit,
+        "grace": s.grace,
+    }
+
+
+def _schedule(row: Mapping[str, Any]) -> ScheduleInfo:
+    next_run_at = _utc(row["next_run_at"])
+    if next_run_at is None:
+        raise RuntimeError(f"schedule {row['name']!r} has no next_run_at")
+    return ScheduleInfo(
+        schedule=Schedule(
+            name=row["name"],
+            cron=Cron(row["cron"], row["timezone"]),
+            type=row["type"],
+            payload=row["payload"],
+            queue=row["queue"],
+            priority=row["priority"],
+            max_attempts=row["max_attempts"],
+            timeout=row["timeout"],
+            lease=row["lease_seconds"],
+            backoff_base=row["backoff_base"],
+            backoff_cap=row["backoff_cap"],
+            catch_up=CatchUp(row["catch_up"]),
+            backfill_limit=row["backfill_limit"],
+            grace=row["grace"],
+        ),
+        enabled=bool(row["enabled"]),
+        next_run_at=next_run_at,
+        last_run_at=_utc(row["last_run_at"]),
+    )
+
+
+def _lease(row: Mapping[str, Any]) -> LeaseRecord:
+    return LeaseRecord(
+        name=row["name"],
+        owner=row["owner"] or "",
+        token=row["token"],
+        acquired_at=_utc(row["acquired_at"]) or datetime.fromtimestamp(0, UTC),
+        expires_at=_utc(row["expires_at"]),
     )
 
 
@@ -422,6 +513,8 @@ class PostgresStore:
         self._listener: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._cancelled: set[str] = set()
+        self._pool_name = f"conveyor-{id(self):x}"
+        self._reconnecting = False
 
     def __repr__(self) -> str:
         return f"<PostgresStore {_redact(self.url)}>"
@@ -472,6 +565,24 @@ class PostgresStore:
                         raise
             self._check_pool(pool)
         raise AssertionError("not reached")
+
+    async def _connected(self, conn: Connection) -> None:
+        """Set up a new pooled connection (and do not log its routine discarding)."""
+        await conn.execute(_Q["session_settings"])
+        _OUR_CONNECTIONS.add(conn)
+        if self._reconnecting:
+            self._reconnecting = False
+            log.warning("connected again to %s", self._where())
+
+    def _connect_failed(self, reason: str) -> None:
+        """Log the first failed reconnection of an outage, not every attempt."""
+        if not self._reconnecting:
+            self._reconnecting = True
+            log.warning(
+                "lost the connection to %s (%s); reconnecting in the background",
+                self._where(),
+                reason,
+            )
 
     def _check_pool(self, pool: AsyncConnectionPool[Connection]) -> None:
         if self._checking is None or self._checking.done():
@@ -527,9 +638,11 @@ class PostgresStore:
             min_size=_POOL_MIN,
             max_size=self._pool_size,
             timeout=_ACQUIRE_TIMEOUT,
-            name="conveyor",
+            name=self._pool_name,
+            configure=self._connected,
             open=False,
         )
+        _QUIET_POOLS[self._pool_name] = self
         try:
             await pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)))
         except psycopg.OperationalError as exc:
@@ -667,7 +780,13 @@ class PostgresStore:
     # -- the worker's hot path ----------------------------------------------------------
 
     async def claim(
-        self, *, worker_id: str, queues: Sequence[str], limit: int, lease: float
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        limits: Limits | None = None,
     ) -> list[Job]:
         params = {
             "worker_id": worker_id,
@@ -676,9 +795,79 @@ class PostgresStore:
             "lease": float(lease),
             "now": self._now(),
         }
-        jobs = [_job(row) for row in await self._fetch("claim", params)]
+        if limits:
+            flow = limits
+            jobs = await self._transaction(lambda conn: self._claim_limited(conn, params, flow))
+        else:
+            jobs = [_job(row) for row in await self._fetch("claim", params)]
         # RETURNING does not keep the claim order; the worker starts jobs in this order.
         return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
+
+    async def _claim_limited(
+        self, conn: Connection, params: dict[str, Any], limits: Limits
+    ) -> list[Job]:
+        """Claim within concurrency and rate limits.
+
+        The claims of each limited type are serialised by an advisory lock per type, so
+        the counts read under it are exact. Nobody waits for it: a type whose lock another
+        worker holds is skipped by this claim, and claims of other types go on.
+        """
+        now = params["now"]
+        capacity = FlowCapacity.start(limits)
+        shared = sorted(set(limits.cluster) | set(limits.per_key) | set(limits.rate))
+        if shared:
+            locked = {r["type"] for r in await self._rows(conn, "lock_limited_types", types=shared)}
+            capacity.blocked_types.update(t for t in shared if t not in locked)
+        if limits.cluster:
+            rows = await self._rows(conn, "running_per_type", now=now, types=list(limits.cluster))
+            capacity.count_running({r["type"]: int(r["n"]) for r in rows})
+        if limits.per_key:
+            rows = await self._rows(conn, "running_per_key", now=now, types=list(limits.per_key))
+            capacity.count_keys({(r["type"], r["concurrency_key"]): int(r["n"]) for r in rows})
+        for job_type, (_count, window) in limits.rate.items():
+            window_params = {"type": job_type, "window": float(window), "now": now}
+            await conn.execute(_Q["forget_rate_window"], window_params)
+            (used,) = await self._rows(conn, "rate_window_count", **window_params)
+            capacity.count_rate(job_type, int(used["n"]))
+        taken: list[str] = []
+        taken_types: list[str] = []
+        for _ in range(8):  # each round blocks at least one more type or key
+            want = params["limit"] - len(taken)
+            round_params = params | {
+                "limit": want,
+                "blocked_types": sorted(capacity.blocked_types),
+                "blocked_keys": sorted(f"{t}\x1f{k}" for t, k in capacity.blocked_keys),
+                "taken": taken,
+            }
+            rows = await self._rows(conn, "claim_candidates", **round_params)
+            for r in rows:
+                if capacity.take(r["type"], r["concurrency_key"]):
+                    taken.append(r["id"])
+                    taken_types.append(r["type"])
+            if len(rows) < want or len(taken) >= params["limit"]:
+                break
+        if not taken:
+            return []
+        claimed = await self._rows(conn, "claim_ids", **(params | {"ids": taken}))
+        rated = [t for t in taken_types if t in limits.rate]
+        if rated:
+            await conn.execute(_Q["record_rate_starts"], {"types": rated, "now": now})
+        return [_job(r) for r in claimed]
+
+    @staticmethod
+    async def _rows(conn: Connection, query: str, /, **params: Any) -> list[DictRow]:
+        return await (await conn.execute(_Q[query], params)).fetchall()
+
+    async def _db_now(self, conn: Connection) -> datetime:
+        """The pinned time, or the server's now() (the transaction's start)."""
+        pinned = self._now()
+        if pinned is not None:
+            return pinned
+        (row,) = await self._rows(conn, "now")
+        now = _utc(row["now"])
+        if now is None:
+            raise RuntimeError("the database returned no time")
+        return now
 
     async def heartbeat(
         self,
@@ -706,8 +895,14 @@ class PostgresStore:
         async def beat(conn: Connection) -> list[DictRow]:
             return await (await conn.execute(_Q["heartbeat"], params)).fetchall()
 
-        async with asyncio.timeout(budget):
-            rows = await self._run(beat, timeout=budget)
+        try:
+            async with asyncio.timeout(budget):
+                rows = await self._run(beat, timeout=budget)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer from {self._where()} within {budget:.2f}s (a small part of the "
+                "lease, so that runs are stopped before their leases can expire)"
+            ) from None
         renewed = {row["id"]: bool(row["cancel_requested"]) for row in rows if row["renew"]}
         return Beat(
             lost=frozenset(x.job_id for x in leases if x.job_id not in renewed),
@@ -949,6 +1144,177 @@ class PostgresStore:
             return done
 
         return await self._transaction(finish)
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
+        async def sync(conn: Connection) -> None:
+            moment = await self._db_now(conn)
+            rows = [
+                _schedule_params(s) | {"next_run_at": s.cron.next_after(moment), "now": self._now()}
+                for s in schedules
+            ]
+            if rows:
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(_Q["upsert_schedule"], rows)
+
+        await self._transaction(sync)
+
+    async def fire_schedules(self, *, limit: int) -> list[str]:
+        async def fire(conn: Connection) -> list[str]:
+            created: list[str] = []
+            for row in await self._rows(conn, "due_schedules", now=self._now(), limit=limit):
+                info = _schedule(row)
+                now = _utc(row["read_at"])
+                if now is None:
+                    raise RuntimeError("the database returned no time")
+                firing = plan_schedule(info.schedule, next_run_at=info.next_run_at, now=now)
+                moved = await conn.execute(
+                    _Q["advance_schedule"],
+                    {
+                        "name": info.schedule.name,
+                        "expected": row["next_run_at"],
+                        "next_run_at": firing.next_run_at,
+                        "last_run_at": firing.ticks[-1] if firing.ticks else row["last_run_at"],
+                    },
+                )
+                if moved.rowcount != 1:
+                    continue  # another worker fired these ticks
+                jobs = [schedule_job(info.schedule, tick) for tick in firing.ticks]
+                if jobs:
+                    submitted = await _run_steps(conn, _submit_steps(jobs, self._now()))
+                    created.extend(s.job.id for s in submitted if s.created)
+            return created
+
+        return await self._transaction(fire)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        return [_schedule(row) for row in await self._fetch("schedules")]
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
+        async def toggle(conn: Connection) -> ScheduleInfo | None:
+            rows = await self._rows(conn, "get_schedule", name=name)
+            if not rows:
+                return None
+            cron = Cron(rows[0]["cron"], rows[0]["timezone"])
+            upcoming = cron.next_after(await self._db_now(conn))
+            params = {"name": name, "enabled": enabled, "next_run_at": upcoming}
+            (row,) = await self._rows(conn, "set_schedule_enabled", **params, now=self._now())
+            return _schedule(row)
+
+        return await self._transaction(toggle)
+
+    async def run_schedule(self, name: str) -> Job | None:
+        async def run(conn: Connection) -> Job | None:
+            rows = await self._rows(conn, "get_schedule", name=name)
+            if not rows:
+                return None
+            now = await self._db_now(conn)
+            job = schedule_job(_schedule(rows[0]).schedule, now, manual=True)
+            (submitted,) = await _run_steps(conn, _submit_steps([job], self._now()))
+            return submitted.job
+
+        return await self._transaction(run)
+
+    # -- named leases -------------------------------------------------------------------
+
+    async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
+        async def acquire(conn: Connection) -> LeaseRecord:
+            before = await self._rows(conn, "get_lease", name=name)
+            params = {"name": name, "owner": owner, "ttl": float(ttl), "now": self._now()}
+            taken = await self._rows(conn, "take_lease", **params)
+            if not taken:
+                # Held by someone else; read it again in case it was created meanwhile.
+                (current,) = await self._rows(conn, "current_lease", name=name)
+                return _lease(current)
+            if before and before[0]["owner"] is not None:
+                await self._record_lease_end(conn, before[0], before[0]["expires_at"], "expired")
+            return _lease(taken[0])
+
+        return await self._transaction(acquire)
+
+    async def _record_lease_end(
+        self, conn: Connection, row: Mapping[str, Any], ended_at: datetime, how: str
+    ) -> None:
+        await conn.execute(
+            _Q["record_lease_end"],
+            {
+                "name": row["name"],
+                "token": row["token"],
+                "owner": row["owner"],
+                "acquired_at": row["acquired_at"],
+                "ended_at": ended_at,
+                "ended": how,
+            },
+        )
+        await conn.execute(_Q["trim_lease_history"], {"name": row["name"]})
+
+    async def renew_lease(self, name: str, *, token: int, ttl: float) -> datetime | None:
+        params = {"name": name, "token": token, "ttl": float(ttl), "now": self._now()}
+        rows = await self._fetch("renew_lease", params)
+        return _utc(rows[0]["expires_at"]) if rows else None
+
+    async def release_lease(self, name: str, *, token: int) -> bool:
+        async def release(conn: Connection) -> bool:
+            before = await self._rows(conn, "get_lease", name=name)
+            params = {"name": name, "token": token, "now": self._now()}
+            released = await self._rows(conn, "release_lease", **params)
+            if not released or not before:
+                return False
+            held, now = before[0], released[0]["released_at"]
+            expired = held["expires_at"] is not None and held["expires_at"] <= now
+            ended_at = held["expires_at"] if expired else now
+            await self._record_lease_end(conn, held, ended_at, "expired" if expired else "released")
+            return not expired
+
+        return await self._transaction(release)
+
+    async def lease_history(self, name: str) -> list[LeaseRecord]:
+        async def read(conn: Connection) -> list[LeaseRecord]:
+            current = await self._rows(conn, "current_lease", name=name)
+            past = [
+                LeaseRecord(
+                    name=r["name"],
+                    owner=r["owner"],
+                    token=r["token"],
+                    acquired_at=_utc(r["acquired_at"]) or datetime.fromtimestamp(0, UTC),
+                    ended_at=_utc(r["ended_at"]),
+                    ended=r["ended"],
+                )
+                for r in await self._rows(conn, "lease_history", name=name)
+            ]
+            if current and current[0]["owner"] is not None:
+                return [_lease(current[0]), *past]
+            return past
+
+        return await self._run(read)
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def prune(self, retention: Retention, *, limit: int) -> int:
+        async def prune(conn: Connection) -> int:
+            roots: list[str] = []
+            overridden = sorted(retention.per_type)
+            for status in ("succeeded", "failed", "cancelled"):
+                for job_type in [None, *overridden]:
+                    if len(roots) >= limit:
+                        break
+                    rows = await self._rows(
+                        conn,
+                        "prunable_roots",
+                        status=status,
+                        keep=min(retention.seconds(status, job_type), _FOREVER),
+                        type=job_type,
+                        excluded_types=overridden if job_type is None else [],
+                        limit=limit - len(roots),
+                        now=self._now(),
+                    )
+                    roots.extend(r["id"] for r in rows)
+            if not roots:
+                return 0
+            return (await conn.execute(_Q["prune_trees"], {"roots": roots})).rowcount
+
+        return await self._transaction(prune)
 
     # -- workers and queues -------------------------------------------------------------
 

@@ -287,6 +287,12 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.
 -- The database's clock.
 SELECT now() AS now;
 
+-- name: session_settings
+-- Settings of conveyor's own connections. A client that stops in the middle of a
+-- transaction (a SIGSTOPped or frozen worker) would hold its locks for ever: the server
+-- ends such a session after 15 s, rolling back, and the other workers carry on.
+SET idle_in_transaction_session_timeout = '15s';
+
 -- name: listen
 -- Subscribe the notification connection to both wake-up channels.
 LISTEN conveyor_job_ready;
@@ -412,6 +418,227 @@ WHERE p.status = 'waiting'
       WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
   )
 LIMIT %(limit)s;
+
+-- name: lock_limited_types
+-- Take, without waiting, the lock of each limited type until the transaction ends, so
+-- that the counts of running jobs and of rate-window starts read next stay exact; returns
+-- the types locked. A type another worker is claiming right now is left to that worker.
+SELECT limited.type
+FROM (SELECT DISTINCT type FROM unnest(%(types)s::text[]) AS type) AS limited
+WHERE pg_try_advisory_xact_lock(hashtext('conveyor_flow'), hashtext(limited.type));
+
+-- name: running_per_type
+-- Running jobs with a live lease, per type, among the given types.
+SELECT type, count(*) AS n FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+  AND type = ANY(%(types)s::text[])
+GROUP BY type;
+
+-- name: running_per_key
+-- Running jobs with a live lease, per type and concurrency key, among the given types.
+SELECT type, concurrency_key, count(*) AS n FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+  AND concurrency_key IS NOT NULL AND type = ANY(%(types)s::text[])
+GROUP BY type, concurrency_key;
+
+-- name: forget_rate_window
+-- Drop starts that have left a type's rate window. Rate windows use the time of the
+-- statement, not now() (the transaction's start): a claim may have waited for the
+-- type's lock, and the starts it counts must be those of the last second before it.
+DELETE FROM conveyor_rate_window
+WHERE type = %(type)s
+  AND at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+            - make_interval(secs => %(window)s);
+
+-- name: rate_window_count
+-- Starts of a type inside its rate window.
+SELECT count(*) AS n FROM conveyor_rate_window
+WHERE type = %(type)s
+  AND at > coalesce(%(now)s::timestamptz, statement_timestamp())
+           - make_interval(secs => %(window)s);
+
+-- name: record_rate_starts
+-- Remember the starts of rate-limited types (one row per start), as late as possible in
+-- the claim's transaction: the handlers start right after it commits.
+INSERT INTO conveyor_rate_window (type, at)
+SELECT type, coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(%(types)s::text[]) AS type;
+
+-- name: claim_candidates
+-- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit,
+-- locked until the claim commits; rows another worker is claiming are skipped.
+SELECT due.id, due.type, due.concurrency_key
+FROM unnest(%(queues)s::text[]) AS wanted (queue)
+CROSS JOIN LATERAL (
+    SELECT id, type, concurrency_key, priority, run_at FROM conveyor_jobs
+    WHERE status = 'queued'
+      AND queue = wanted.queue
+      AND run_at <= coalesce(%(now)s::timestamptz, now())
+      AND type <> ALL (%(blocked_types)s::text[])
+      AND (concurrency_key IS NULL
+           OR type || chr(31) || concurrency_key <> ALL (%(blocked_keys)s::text[]))
+      AND id <> ALL (%(taken)s::text[])
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
+ORDER BY due.priority, due.run_at, due.id
+LIMIT %(limit)s;
+
+-- name: claim_ids
+-- Lease the chosen jobs.
+UPDATE conveyor_jobs
+SET status = 'running',
+    attempt = attempt + 1,
+    lease_token = lease_token + 1,
+    lease_owner = %(worker_id)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                       + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
+    started_at = coalesce(%(now)s::timestamptz, now()),
+    cancel_requested = false
+WHERE id = ANY(%(ids)s::text[]) AND status = 'queued'
+RETURNING *;
+
+-- name: upsert_schedule
+-- Create a schedule or update its definition; a changed cron or timezone restarts its ticks.
+INSERT INTO conveyor_schedules AS s (
+    name, cron, timezone, type, payload, queue, priority, max_attempts, timeout,
+    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, enabled,
+    next_run_at, created_at, updated_at
+) VALUES (
+    %(name)s, %(cron)s, %(timezone)s, %(type)s, %(payload)s::json, %(queue)s, %(priority)s,
+    %(max_attempts)s, %(timeout)s, %(lease_seconds)s, %(backoff_base)s, %(backoff_cap)s,
+    %(catch_up)s, %(backfill_limit)s, %(grace)s, true, %(next_run_at)s,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+)
+ON CONFLICT (name) DO UPDATE SET
+    next_run_at = CASE WHEN s.cron <> excluded.cron OR s.timezone <> excluded.timezone
+                       THEN excluded.next_run_at ELSE s.next_run_at END,
+    cron = excluded.cron, timezone = excluded.timezone, type = excluded.type,
+    payload = excluded.payload, queue = excluded.queue, priority = excluded.priority,
+    max_attempts = excluded.max_attempts, timeout = excluded.timeout,
+    lease_seconds = excluded.lease_seconds, backoff_base = excluded.backoff_base,
+    backoff_cap = excluded.backoff_cap, catch_up = excluded.catch_up,
+    backfill_limit = excluded.backfill_limit, grace = excluded.grace,
+    updated_at = excluded.updated_at;
+
+-- name: due_schedules
+-- Enabled schedules whose next tick has come, with the time they were read at; one being
+-- fired by another worker is skipped.
+SELECT s.*, coalesce(%(now)s::timestamptz, now()) AS read_at FROM conveyor_schedules s
+WHERE s.enabled AND s.next_run_at <= coalesce(%(now)s::timestamptz, now())
+ORDER BY s.next_run_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: advance_schedule
+-- Move a schedule to its next tick, only if no other worker did it first.
+UPDATE conveyor_schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
+WHERE name = %(name)s AND next_run_at = %(expected)s;
+
+-- name: schedules
+-- Every schedule, by name.
+SELECT * FROM conveyor_schedules ORDER BY name;
+
+-- name: get_schedule
+-- One schedule by name.
+SELECT * FROM conveyor_schedules WHERE name = %(name)s;
+
+-- name: set_schedule_enabled
+-- Enable or disable a schedule; re-enabling restarts its ticks from now.
+UPDATE conveyor_schedules
+SET enabled = %(enabled)s,
+    next_run_at = CASE WHEN %(enabled)s AND NOT enabled THEN %(next_run_at)s
+                       ELSE next_run_at END,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE name = %(name)s
+RETURNING *;
+
+-- name: get_lease
+-- A named lease's current row, locked until the transaction ends.
+SELECT * FROM conveyor_leases WHERE name = %(name)s FOR UPDATE;
+
+-- name: current_lease
+-- A named lease's current row.
+SELECT * FROM conveyor_leases WHERE name = %(name)s;
+
+-- name: take_lease
+-- Take a named lease that is free or expired, with the next token.
+INSERT INTO conveyor_leases AS l (name, owner, token, acquired_at, expires_at)
+VALUES (
+    %(name)s, %(owner)s, 1, coalesce(%(now)s::timestamptz, now()),
+    coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s)
+)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner, token = l.token + 1, acquired_at = excluded.acquired_at,
+    expires_at = excluded.expires_at
+WHERE l.owner IS NULL OR l.expires_at <= coalesce(%(now)s::timestamptz, now())
+RETURNING *;
+
+-- name: renew_lease
+-- Extend a named lease, fenced by its token.
+UPDATE conveyor_leases
+SET expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s)
+WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
+  AND expires_at > coalesce(%(now)s::timestamptz, now())
+RETURNING expires_at;
+
+-- name: release_lease
+-- Give a named lease up, fenced by its token; says whether it had expired already.
+UPDATE conveyor_leases SET owner = NULL, expires_at = NULL
+WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
+RETURNING acquired_at, coalesce(%(now)s::timestamptz, now()) AS released_at;
+
+-- name: record_lease_end
+-- Keep a past holder of a named lease.
+INSERT INTO conveyor_lease_history (name, token, owner, acquired_at, ended_at, ended)
+VALUES (%(name)s, %(token)s, %(owner)s, %(acquired_at)s, %(ended_at)s, %(ended)s)
+ON CONFLICT (name, token) DO UPDATE SET
+    owner = excluded.owner, acquired_at = excluded.acquired_at,
+    ended_at = excluded.ended_at, ended = excluded.ended;
+
+-- name: trim_lease_history
+-- Keep only the last ten holders of a named lease.
+DELETE FROM conveyor_lease_history
+WHERE name = %(name)s AND token <= (
+    SELECT token FROM conveyor_lease_history WHERE name = %(name)s
+    ORDER BY token DESC LIMIT 1 OFFSET 10
+);
+
+-- name: lease_history
+-- The last holders of a named lease, newest first.
+SELECT * FROM conveyor_lease_history WHERE name = %(name)s ORDER BY token DESC;
+
+-- name: prunable_roots
+-- Finished top-level jobs older than their retention, of one status, for one type or all
+-- others, with nothing unfinished below them; roots another pruner holds are skipped.
+SELECT r.id FROM conveyor_jobs r
+WHERE r.parent_id IS NULL AND r.status = %(status)s
+  AND r.finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(keep)s)
+  AND (%(type)s::text IS NULL OR r.type = %(type)s::text)
+  AND r.type <> ALL (%(excluded_types)s::text[])
+  AND NOT EXISTS (
+      SELECT 1 FROM conveyor_jobs d
+      WHERE d.root_id = r.id AND d.status IN ('pending', 'queued', 'running', 'waiting')
+  )
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: prune_trees
+-- Delete the given trees: their finished jobs, their attempts and dependency edges.
+WITH doomed AS (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+),
+attempts AS (
+    DELETE FROM conveyor_attempts WHERE job_id IN (SELECT id FROM doomed)
+),
+edges AS (
+    DELETE FROM conveyor_dependencies WHERE job_id IN (SELECT id FROM doomed)
+)
+DELETE FROM conveyor_jobs WHERE id IN (SELECT id FROM doomed);
 
 -- name: page_jobs_newest_first
 -- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
