@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import datetime
 import fnmatch
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from types import FrameType
 import psycopg
 from rich.console import Console
 
-from bench import runner
+from bench import runner, targets
 from bench.databases import POSTGRES_URL_ENV, open_scratch
 from bench.workloads import BACKENDS, PROFILES, REGISTRY, Workload
 
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen workloads and report them."""
     parser = _parser()
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=max(120, shutil.get_terminal_size().columns))
     if args.list:
         for workload in REGISTRY.values():
             console.print(f"[bold]{workload.name:<24}[/] {workload.description}")
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Turn SIGTERM into SystemExit so that the scratch databases are still dropped.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    progress = Console(stderr=True)
+    progress = Console(stderr=True, soft_wrap=True)
     try:
         with open_scratch(args.backend) as scratch:
             info = runner.machine_info(scratch)
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     console.print(runner.render_table(args.backend, profile, results, info))
+    console.print(
+        targets.render(args.backend, targets.compare(args.backend, runner.medians(results)))
+    )
     runner.write_json(json_path, runner.report(args.backend, profile, sizes, results, info))
     progress.print(f"wrote {json_path}")
     return 0

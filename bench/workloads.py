@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import floor
+from bench import floor, measure
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -32,24 +32,59 @@ class Sizes:
     bulk_batch: int
     drain_jobs: int
     drain_batch: int
+    # A worker's --concurrency, which is also the most jobs it claims at once: the
+    # same as drain_batch, so that conveyor's drain compares with the floor's.
+    concurrency: int
+    latency_jobs: int
+    latency_gap: float
+    scale_queued: int
+    scale_finished: int
+    scale_claims: int
+    heartbeat_running: int
+    heartbeat_window: float
+    heartbeat_lease: float
+    progress_calls: int
+    tree_children: int
 
 
 PROFILES = {
     "quick": Sizes(
         runs=3,
-        enqueue_jobs=1_000,
+        enqueue_jobs=10_000,
         bulk_jobs=20_000,
         bulk_batch=1_000,
         drain_jobs=20_000,
         drain_batch=100,
+        concurrency=100,
+        latency_jobs=200,
+        latency_gap=0.020,
+        scale_queued=100_000,
+        scale_finished=100_000,
+        scale_claims=50,
+        heartbeat_running=1_000,
+        heartbeat_window=5.0,
+        heartbeat_lease=3.0,
+        progress_calls=10_000,
+        tree_children=1_000,
     ),
     "full": Sizes(
         runs=5,
-        enqueue_jobs=5_000,
+        enqueue_jobs=10_000,
         bulk_jobs=100_000,
         bulk_batch=1_000,
         drain_jobs=20_000,
         drain_batch=100,
+        concurrency=100,
+        latency_jobs=200,
+        latency_gap=0.020,
+        scale_queued=1_000_000,
+        scale_finished=1_000_000,
+        scale_claims=100,
+        heartbeat_running=1_000,
+        heartbeat_window=10.0,
+        heartbeat_lease=3.0,
+        progress_calls=10_000,
+        tree_children=1_000,
     ),
 }
 
@@ -64,18 +99,23 @@ class Workload:
     name: str
     description: str
     run: WorkloadFn
+    max_runs: int | None = None  # fewer runs than the profile's, for costly set-ups
 
 
 REGISTRY: dict[str, Workload] = {}
 
 
-def workload(name: str, description: str) -> Callable[[WorkloadFn], WorkloadFn]:
+def workload(
+    name: str, description: str, *, max_runs: int | None = None
+) -> Callable[[WorkloadFn], WorkloadFn]:
     """Register the decorated function as workload ``name``."""
+    if max_runs is not None and max_runs < 3:
+        raise ValueError("a workload needs at least 3 runs for a median worth reporting")
 
     def register(fn: WorkloadFn) -> WorkloadFn:
         if name in REGISTRY:
             raise ValueError(f"workload {name!r} registered twice")
-        REGISTRY[name] = Workload(name, description, fn)
+        REGISTRY[name] = Workload(name, description, fn, max_runs)
         return fn
 
     return register
@@ -116,11 +156,76 @@ def floor_drain_4conn(backend: str, url: str, sizes: Sizes) -> Metrics:
     return throughput(sizes.drain_jobs, seconds)
 
 
-# --- Conveyor ------------------------------------------------------------------
-#
-# Conveyor workloads go here, registered with @workload like the floor ones and
-# named to pair with them (conveyor_enqueue_single, conveyor_drain_1conn, ...),
-# so that each conveyor figure sits next to its floor in the table.  They build
-# ``Conveyor(url)`` from the run's url, submit no-op jobs defined in a module the
-# workers can import (bench/app.py), and time worker subprocesses started as
-# ``python -m conveyor worker bench.app:app --burst --concurrency N``.
+# --- Conveyor: the public API and real worker processes (bench/measure.py) ----
+
+
+@workload("conveyor_enqueue_single", "await app.submit(...), one job per call")
+def conveyor_enqueue_single(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Enqueue through conveyor, one job per call and per transaction."""
+    return measure.enqueue_single(backend, url, sizes.enqueue_jobs)
+
+
+@workload("conveyor_enqueue_bulk", "await app.submit_many(...), bulk_batch jobs per call")
+def conveyor_enqueue_bulk(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Enqueue through conveyor, many jobs per call."""
+    return measure.enqueue_bulk(backend, url, sizes.bulk_jobs, sizes.bulk_batch)
+
+
+@workload("conveyor_drain_1proc", "1 worker process, --concurrency C, drain_jobs no-op jobs")
+def conveyor_drain_1proc(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Drain with one burst worker process."""
+    return measure.drain(backend, url, sizes.drain_jobs, sizes.concurrency, processes=1)
+
+
+@workload("conveyor_drain_4proc", "4 worker processes, --concurrency C each")
+def conveyor_drain_4proc(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Drain with four burst worker processes."""
+    return measure.drain(backend, url, sizes.drain_jobs, sizes.concurrency, processes=4)
+
+
+@workload("conveyor_latency", "idle worker; jobs submitted latency_gap apart; enqueue→start")
+def conveyor_latency(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Enqueue-to-start latency on an idle worker, submits from another process."""
+    return measure.latency(backend, url, sizes.latency_jobs, sizes.latency_gap, sizes.concurrency)
+
+
+@workload(
+    "conveyor_scale",
+    "claim and drain: small table, then + queued and finished rows",
+    max_runs=3,
+)
+def conveyor_scale(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """Claim latency and drain rate, without and with a large table."""
+    return measure.scale(
+        backend,
+        url,
+        queued=sizes.scale_queued,
+        finished=sizes.scale_finished,
+        jobs=sizes.drain_jobs,
+        concurrency=sizes.concurrency,
+        claim_rounds=sizes.scale_claims,
+    )
+
+
+@workload("conveyor_heartbeat", "worker holding 1,000 sleeping async jobs: CPU, RSS, traffic")
+def conveyor_heartbeat(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """The standing cost of many running jobs: heartbeats, memory, CPU."""
+    return measure.heartbeat(
+        backend,
+        url,
+        running=sizes.heartbeat_running,
+        window=sizes.heartbeat_window,
+        lease=sizes.heartbeat_lease,
+    )
+
+
+@workload("conveyor_progress", "one handler calling ctx.progress progress_calls times")
+def conveyor_progress(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """The cost of ctx.progress, and how many writes it causes."""
+    return measure.progress(backend, url, calls=sizes.progress_calls, pauses=100, pause=0.02)
+
+
+@workload("conveyor_tree", "a job spawning tree_children no-op children, until all end")
+def conveyor_tree(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """A job tree: one spawn_many of all children, then the children and the parent's end."""
+    return measure.tree(backend, url, children=sizes.tree_children, concurrency=sizes.concurrency)
