@@ -11,7 +11,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import pytest
@@ -222,7 +223,7 @@ async def _listening(url: str, count: int = 1) -> None:
         async def ready() -> bool:
             cur = await conn.execute(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE '%%LISTEN conveyor_job_ready%%'"
+                "WHERE datname = current_database() AND query LIKE '%LISTEN conveyor_job_ready%'"
             )
             row = await cur.fetchone()
             return row is not None and row[0] >= count
@@ -372,6 +373,55 @@ async def test_migrations_apply_once_however_many_run_them_at_once(url: str) -> 
     async with await psycopg.AsyncConnection.connect(url) as conn:
         cur = await conn.execute("SELECT version FROM conveyor_migrations ORDER BY version")
         assert [r[0] for r in await cur.fetchall()] == list(range(1, len(_MIGRATIONS) + 1))
+
+
+_SCHEMA = [
+    "SELECT table_name, column_name, data_type, is_nullable, column_default "
+    "FROM information_schema.columns "
+    "WHERE table_schema = current_schema() AND table_name LIKE 'conveyor%' ORDER BY 1, 2",
+    "SELECT indexname, indexdef FROM pg_indexes "
+    "WHERE schemaname = current_schema() AND tablename LIKE 'conveyor%' ORDER BY 1",
+    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+    "WHERE conrelid::regclass::text LIKE 'conveyor%' ORDER BY 1",
+    "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1",
+    "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
+    "WHERE proname LIKE 'conveyor%' ORDER BY 1",
+]
+
+
+async def _schema(url: str) -> list[list[tuple[object, ...]]]:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        return [await (await conn.execute(query)).fetchall() for query in _SCHEMA]
+
+
+@pytest.fixture
+def second_database() -> Iterator[str]:
+    from tests.conftest import POSTGRES_URL, _with_database
+
+    name = f"conveyor_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(POSTGRES_URL, name)
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_upgrading_one_release_at_a_time_gives_the_schema_of_a_fresh_install(
+    url: str, second_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conveyor.store.postgres import backend
+
+    fresh = PostgresStore(url, migrate=False)
+    assert len(await fresh.migrate()) == len(_MIGRATIONS)
+    for known in range(1, len(_MIGRATIONS) + 1):
+        # An older conveyor, which knew only the first migrations, then the next one.
+        monkeypatch.setattr(backend, "_MIGRATIONS", _MIGRATIONS[:known])
+        assert await PostgresStore(second_database, migrate=False).migrate() == [
+            _MIGRATIONS[known - 1][1]
+        ]
+    assert await _schema(second_database) == await _schema(url)
 
 
 async def test_many_workers_opening_a_new_database_at_once_migrate_it_once(url: str) -> None:

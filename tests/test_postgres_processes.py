@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from conveyor import Conveyor, Outcome, Status, Submission
+from conveyor.core.model import NewJob
+from conveyor.store import Lease
 from conveyor.store.postgres import PostgresStore
 from tests.processes import WorkerProcesses
 
@@ -236,6 +238,44 @@ async def test_a_server_restart_while_four_workers_are_busy_loses_and_repeats_no
         await app.close()
 
 
+async def test_while_the_server_is_down_operations_fail_fast_then_recover(
+    cluster: Cluster,
+) -> None:
+    store = PostgresStore(cluster.url)
+    await store.open()
+    try:
+        await store.submit([NewJob(id="a", type="t", payload={})])
+        (job,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+        held = [Lease("a", job.lease_token)]
+        await asyncio.to_thread(cluster.ctl, "stop")
+
+        # A heartbeat gives up within a small part of the lease (here 3 s), so that the
+        # worker can stop its runs before their leases could expire.
+        began = time.monotonic()
+        with pytest.raises((TimeoutError, psycopg.OperationalError)):
+            await store.heartbeat(worker_id="w", leases=held, lease=3.0, progress={})
+        assert time.monotonic() - began < 1.0
+        # Other operations wait a few seconds for the server, then raise (not hang).
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+        assert time.monotonic() - began < 8.0
+
+        await asyncio.to_thread(cluster.ctl, "start")
+        began = time.monotonic()
+        while True:
+            try:
+                beat = await store.heartbeat(worker_id="w", leases=held, lease=3.0, progress={})
+                break
+            except (TimeoutError, psycopg.OperationalError):
+                assert time.monotonic() - began < 30, "the store did not reconnect"
+                await asyncio.sleep(0.1)
+        assert beat.lost == frozenset()
+        print(f"\nfirst heartbeat {time.monotonic() - began:.2f}s after the server was up")
+    finally:
+        await store.close()
+
+
 # -- a skewed clock -----------------------------------------------------------------------
 
 
@@ -245,13 +285,12 @@ async def test_a_worker_whose_clock_is_ten_minutes_ahead_rescues_only_expired_le
     owner = PostgresStore(postgres_database)
     await owner.open()
     try:
-        live, dead = await client.submit_many(
-            [Submission("noop", {"i": 1}), Submission("noop", {"i": 2})]
-        )
-        # Another worker holds both: "live" with a 60 s lease it keeps, "dead" with a
-        # lease that runs out in a second (its worker died).
+        # Other workers hold two jobs: "live" with a 60 s lease its worker keeps, "dead"
+        # with a lease that runs out in a second (its worker died).
+        live = await client.submit("noop", {"i": 1})
         (held,) = await owner.claim(worker_id="honest", queues=["default"], limit=1, lease=60)
         assert held.id == live.id
+        dead = await client.submit("noop", {"i": 2})
         (gone,) = await owner.claim(worker_id="crashed", queues=["default"], limit=1, lease=1)
         assert gone.id == dead.id
 
