@@ -349,7 +349,8 @@ def _submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> _Steps[list[S
     A generator, so that the same steps run on conveyor's pool, on an application's
     async connection and on its sync one; the caller runs them in one transaction. Runs
     of jobs without dependencies are inserted with one statement each; a job with
-    dependencies on its own, in batch order, so it may depend on jobs before it.
+    dependencies on its own, in batch order, so it may depend on jobs before it. Every
+    statement returns rows, which the drivers fetch.
     """
     results: list[Submitted] = []
     start = 0
@@ -455,7 +456,7 @@ async def _run_steps(conn: psycopg.AsyncConnection[Any], steps: _Steps[T]) -> T:
         query, params = next(steps)
         while True:
             await cursor.execute(query, params)
-            rows = await cursor.fetchall() if cursor.description is not None else []
+            rows = await cursor.fetchall()
             try:
                 query, params = steps.send(rows)
             except StopIteration as done:
@@ -470,7 +471,7 @@ def _run_steps_sync(conn: psycopg.Connection[Any], steps: _Steps[T]) -> T:
             query, params = next(steps)
             while True:
                 cursor.execute(query, params)
-                rows = cursor.fetchall() if cursor.description is not None else []
+                rows = cursor.fetchall()
                 try:
                     query, params = steps.send(rows)
                 except StopIteration as done:

@@ -342,7 +342,8 @@ SELECT id, status FROM conveyor_jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id
 -- Record that a job waits for others.
 INSERT INTO conveyor_dependencies (job_id, depends_on_id)
 SELECT %(job_id)s, upstream FROM unnest(%(ids)s::text[]) AS upstream
-ON CONFLICT DO NOTHING;
+ON CONFLICT DO NOTHING
+RETURNING depends_on_id;
 
 -- name: lock_children
 -- Serialise decisions about these parents' children until the transaction ends.
