@@ -523,3 +523,16 @@ async def test_payloads_and_results_come_back_exactly_as_written(store: Postgres
     assert job is not None
     assert json.dumps(job.payload) == json.dumps(payload)
     assert json.dumps(submitted.job.payload) == json.dumps(payload)
+
+
+def test_the_store_implements_the_whole_protocol_with_the_same_parameters() -> None:
+    import inspect
+
+    from conveyor.store.protocol import Store
+
+    for name, method in vars(Store).items():
+        if inspect.isfunction(method) and not name.startswith("_"):
+            ours = getattr(PostgresStore, name, None)
+            assert ours is not None, f"PostgresStore has no {name}()"
+            expected = list(inspect.signature(method).parameters)
+            assert list(inspect.signature(ours).parameters) == expected, name
