@@ -290,8 +290,11 @@ SELECT now() AS now;
 -- name: session_settings
 -- Settings of conveyor's own connections. A client that stops in the middle of a
 -- transaction (a SIGSTOPped or frozen worker) would hold its locks for ever: the server
--- ends such a session after 15 s, rolling back, and the other workers carry on.
+-- ends such a session after 15 s, rolling back, and the other workers carry on. A
+-- statement of conveyor's that runs for a minute has gone wrong (and may outlive a
+-- killed worker, holding locks): the server cancels it.
 SET idle_in_transaction_session_timeout = '15s';
+SET statement_timeout = '60s';
 
 -- name: listen
 -- Subscribe the notification connection to both wake-up channels.
@@ -488,7 +491,8 @@ ORDER BY due.priority, due.run_at, due.id
 LIMIT %(limit)s;
 
 -- name: claim_ids
--- Lease the chosen jobs.
+-- Lease the chosen jobs. They are queued and locked by this transaction (claim_candidates);
+-- naming them by id alone keeps the planner on the primary key.
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
@@ -498,7 +502,7 @@ SET status = 'running',
                        + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
     started_at = coalesce(%(now)s::timestamptz, now()),
     cancel_requested = false
-WHERE id = ANY(%(ids)s::text[]) AND status = 'queued'
+WHERE id = ANY(%(ids)s::text[])
 RETURNING *;
 
 -- name: upsert_schedule
