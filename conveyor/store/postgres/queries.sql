@@ -717,7 +717,9 @@ SELECT
     (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued') AS queued,
     (SELECT count(*) FROM conveyor_jobs
      WHERE status = 'queued' AND run_at <= coalesce(%(now)s::timestamptz, now())) AS due,
-    (SELECT count(*) FROM conveyor_jobs WHERE status = 'running') AS running,
+    -- A running job always holds a lease: saying so lets the count use the lease index.
+    (SELECT count(*) FROM conveyor_jobs
+     WHERE status = 'running' AND lease_expires_at IS NOT NULL) AS running,
     (SELECT count(*) FROM conveyor_jobs
      WHERE status = 'running'
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS stale_running,
