@@ -120,6 +120,8 @@ def machine_info(scratch: Scratch) -> dict[str, Any]:
         "psycopg_pool": _version("psycopg-pool"),
         "conveyor": _version("conveyor"),
         "conveyor_source": _source(),
+        # Anything else running on the machine shows in the figures: say how busy it was.
+        "load_average_at_start": round(os.getloadavg()[0], 2),
     }
     info.update(scratch.describe())
     return info
@@ -152,7 +154,9 @@ def render_table(
     database = info.get("postgres_server_version") or info.get("sqlite_version")
     table.caption = (
         f"{info['date']} · {info['cores']} cores ({info['cpu']}) · Python {info['python']} · "
-        f"{'PostgreSQL' if backend == 'postgres' else 'SQLite'} {database}"
+        f"{'PostgreSQL' if backend == 'postgres' else 'SQLite'} {database} · "
+        f"load average {info.get('load_average_at_start', '?')} at start, "
+        f"{os.getloadavg()[0]:.2f} at end"
     )
     return table
 
