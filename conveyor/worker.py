@@ -463,7 +463,8 @@ class Worker:
 
     def _interrupted(self, run: _Run) -> Settlement | None:
         if run.interrupt is _Interrupt.CANCEL:
-            return self._settlement(run, Event.CANCEL, Outcome.CANCELLED, error=run.reason)
+            # No error of its own: the job keeps the reason stored with the cancel request.
+            return self._settlement(run, Event.CANCEL, Outcome.CANCELLED)
         if run.interrupt is _Interrupt.TIMEOUT:
             return self._failure(run, Outcome.TIMED_OUT, run.reason)
         if run.interrupt is _Interrupt.HAND_BACK:

@@ -139,6 +139,7 @@ async def test_cancel_of_a_running_async_job(app: Conveyor) -> None:
         await app.cancel(job.id, reason="user pressed stop")
         await settled(job, Status.CANCELLED)
     assert saw_cancel.is_set()
+    assert job.error == "user pressed stop"
     assert [a.outcome for a in await job.attempts()] == [Outcome.CANCELLED]
 
 

@@ -173,7 +173,8 @@ settled AS (
     SET status = e.status,
         result = e.result::json,
         result_ref = coalesce(e.result_ref, j.result_ref),
-        error = e.error,
+        -- A cancelled job keeps the reason its cancel request stored.
+        error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
         run_at = CASE
             WHEN e.status = 'queued' THEN coalesce(%(now)s::timestamptz, now())
                                           + make_interval(secs => e.retry_delay)

@@ -80,7 +80,8 @@ UPDATE conveyor_jobs
 SET status = :status,
     result = :result,
     result_ref = coalesce(:result_ref, result_ref),
-    error = :error,
+    -- A cancelled job keeps the reason its cancel request stored.
+    error = CASE WHEN :status = 'cancelled' THEN coalesce(:error, error) ELSE :error END,
     run_at = CASE WHEN :status = 'queued' THEN :now + :retry_delay ELSE run_at END,
     finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
     attempt = attempt - :refund,
