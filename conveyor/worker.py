@@ -121,6 +121,7 @@ class Worker:
         self._active = 0
         self._outbox: list[tuple[_Run, Settlement]] = []
         self._stopping = False
+        self._gave_up = False  # shutting down with results the database would not take
         self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool = ThreadPoolExecutor(
@@ -531,13 +532,15 @@ class Worker:
             self._settle_ready.clear()
             batch, self._outbox = self._outbox, []
             if not batch:
-                if self._stopping and not self._runs_unsettled():
+                if self._gave_up or (self._stopping and not self._runs_unsettled()):
                     return
                 continue
             try:
                 refused = set(await store.settle([s for _, s in batch]))
                 failures = 0
             except Exception as exc:
+                if self._gave_up:
+                    return
                 failures += 1
                 if failures == 1:
                     log.error("cannot record finished jobs (%s); retrying", exc)
@@ -570,7 +573,19 @@ class Worker:
                 for run in running:
                     self._interrupt(run, _Interrupt.HAND_BACK, "worker shutting down")
                 await self._idle.wait()
+        # Results wait for the database at most a lease: past that their leases have
+        # expired anyway, and other workers rescue and rerun those jobs.
+        deadline = asyncio.get_running_loop().time() + max(self.options.lease, 5.0)
         while self._outbox or self._runs_pending_settle():
+            if asyncio.get_running_loop().time() > deadline:
+                log.error(
+                    "could not record %d finished jobs before stopping; they will run again "
+                    "once their leases expire",
+                    len(self._outbox),
+                )
+                self._outbox.clear()
+                self._gave_up = True
+                break
             self._settle_ready.set()
             await asyncio.sleep(0.01)
 
