@@ -119,11 +119,10 @@ class Submission:
     concurrency_key: str | None = None
 
 
-class JobHandle:
-    """A job as last read from the store, with the means to refresh it and wait for it."""
+class JobView:
+    """The fields of a job as last read, shared by local and remote job handles."""
 
-    def __init__(self, app: Conveyor, record: Job) -> None:
-        self._app = app
+    def __init__(self, record: Job) -> None:
         self.record = record
 
     def __repr__(self) -> str:
@@ -164,6 +163,14 @@ class JobHandle:
     @property
     def terminal(self) -> bool:
         return self.record.terminal
+
+
+class JobHandle(JobView):
+    """A job as last read from the store, with the means to refresh it and wait for it."""
+
+    def __init__(self, app: Conveyor, record: Job) -> None:
+        super().__init__(record)
+        self._app = app
 
     async def refresh(self) -> JobHandle:
         """Read the job again; return self."""

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
+from conveyor.client import JobView
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, Outcome, Progress
 from conveyor.errors import (
@@ -60,32 +61,12 @@ def _time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 
 
-class RemoteJob:
+class RemoteJob(JobView):
     """A job read over HTTP, with the reading methods of a local job handle."""
 
     def __init__(self, client: RemoteClient, record: Job) -> None:
+        super().__init__(record)
         self._client = client
-        self.record = record
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def type(self) -> str:
-        return self.record.type
-
-    @property
-    def status(self) -> Status:
-        return self.record.status
-
-    @property
-    def progress(self) -> Progress | None:
-        return self.record.progress
-
-    @property
-    def terminal(self) -> bool:
-        return self.record.terminal
 
     async def refresh(self) -> RemoteJob:
         self.record = (await self._client.get(self.id)).record
