@@ -139,7 +139,11 @@ def render(threads: dict[str, ThreadProfile], seconds: float, rate: int, top: in
     ours.add_column("function (file)")
     ours.add_column("inclusive", justify="right")
     ours.add_column("self", justify="right")
-    mine = [(f, c) for f, c in inclusive.most_common() if "(conveyor/" in f]
+    # The CLI's frames hold the whole main thread: they are the trunk, not the hot path.
+    trunk = ("(conveyor/cli.py)", "(conveyor/__main__.py)")
+    mine = [
+        (f, c) for f, c in inclusive.most_common() if "(conveyor/" in f and not f.endswith(trunk)
+    ]
     for frame, count in mine[:top]:
         ours.add_row(frame, f"{100 * count / total:.1f}%", f"{100 * own[frame] / total:.1f}%")
     tables.append(ours)
