@@ -189,7 +189,9 @@ class SyscallCounter:
     CALLS = ("sendto", "recvfrom", "fsync", "fdatasync", "pwrite64")
 
     def __init__(self, pid: int) -> None:
-        self.output = Path(tempfile.mkstemp(prefix="conveyor_bench_strace_")[1])
+        descriptor, name = tempfile.mkstemp(prefix="conveyor_bench_strace_")
+        os.close(descriptor)
+        self.output = Path(name)
         self._popen = subprocess.Popen(
             [
                 "strace",
