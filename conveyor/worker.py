@@ -122,6 +122,7 @@ class Worker:
         self._outbox: list[tuple[_Run, Settlement]] = []
         self._stopping = False
         self._gave_up = False  # shutting down with results the database would not take
+        self._drained = False  # run() has finished draining: the settle loop may end
         self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool = ThreadPoolExecutor(
@@ -191,6 +192,7 @@ class Worker:
             await self._produce(store)
             await self._drain()
         finally:
+            self._drained = True
             self._maintenance_stop.set()
             listener.cancel()
             self._stopping = True
@@ -532,7 +534,9 @@ class Worker:
             self._settle_ready.clear()
             batch, self._outbox = self._outbox, []
             if not batch:
-                if self._gave_up or (self._stopping and not self._runs_unsettled()):
+                # Settle until the shutdown has drained: a claim still in flight when
+                # the stop came may start jobs whose results must be recorded too.
+                if self._gave_up or self._drained:
                     return
                 continue
             try:
@@ -554,10 +558,6 @@ class Worker:
                 self._release(run)
             if self._stopping:
                 self._settle_ready.set()
-
-    def _runs_unsettled(self) -> bool:
-        with self._lock:
-            return bool(self._runs) and self._active > 0
 
     # -- shutting down ------------------------------------------------------------------
 
