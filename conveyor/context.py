@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,11 +80,18 @@ class JobContext:
         self.worker_id = worker_id
         self.state: JSON = job.state
         self.result_ref: str | None = None
-        self.log = logging.getLogger(f"conveyor.job.{job.type}")
         self._port = port
         self._loop = loop
-        self._cancelled = threading.Event()
+        # A plain flag, not a threading.Event: nothing waits on it, sync handlers poll
+        # it from their thread, and assigning a bool is atomic. The reason is stored
+        # before the flag, so a handler that sees the flag sees the reason.
+        self._cancelled = False
         self.cancel_reason: str | None = None
+
+    @property
+    def log(self) -> logging.Logger:
+        """The logger of this job's type, ``conveyor.job.<type>``."""
+        return logging.getLogger(f"conveyor.job.{self.job.type}")
 
     @property
     def id(self) -> str:
@@ -170,14 +176,14 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once the job was cancelled, timed out or handed back on shutdown."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def raise_if_cancelled(self) -> None:
         """Raise :class:`Cancel` in a sync handler once the job should stop."""
-        if self._cancelled.is_set():
+        if self._cancelled:
             raise Cancel(self.cancel_reason or "cancelled")
 
     def _mark_cancelled(self, reason: str) -> None:
-        if not self._cancelled.is_set():
+        if not self._cancelled:
             self.cancel_reason = reason
-            self._cancelled.set()
+            self._cancelled = True

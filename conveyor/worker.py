@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 
+# Results that are JSON as they are: no need to serialise them to find out.
+_PLAIN = frozenset({str, int, bool})
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerOptions:
@@ -231,7 +234,13 @@ class Worker:
             # Clear before claiming, not after: a wake-up (a stop, a freed slot, a
             # notification) that arrives while the claim is in flight is not lost.
             self._wakeup.clear()
-            free = self.options.concurrency - self._active
+            # Leases held count too, up to one batch awaiting its settle beyond the
+            # running ones: claiming while results wait would only grow the heartbeat
+            # and the settle backlog when the database falls behind.
+            free = min(
+                self.options.concurrency - self._active,
+                2 * self.options.concurrency - len(self._runs),
+            )
             claimed: list[Job] = []
             if free > 0:
                 try:
@@ -407,7 +416,8 @@ class Worker:
                 final=final,
             )
         try:
-            json.dumps(result, allow_nan=False)
+            if result is not None and type(result) not in _PLAIN:
+                json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:
             return self._failure(
                 run,
@@ -556,6 +566,7 @@ class Worker:
                 if run.job.id in refused:
                     log.warning("job %s: lease lost before its result was recorded", run.job.id)
                 self._release(run)
+            self._wakeup.set()  # slots held by the batch are free for the producer
             if self._stopping:
                 self._settle_ready.set()
 

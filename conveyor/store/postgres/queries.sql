@@ -5,7 +5,9 @@
 -- Batches travel as arrays, unnested on the server, so a batch is one round trip.
 -- Statements that update several jobs lock them in id order first (ORDER BY id FOR
 -- UPDATE), so a worker's settle and its heartbeat, which run on two connections at
--- once, cannot deadlock. Deciding a parent from its children takes an advisory lock on
+-- once, cannot deadlock. They lock by `id = ANY(...)` alone, in a MATERIALIZED CTE, and
+-- check status and lease token on the locked rows: the only indexable condition is then
+-- the primary key, which no table statistics can steer the planner away from. Deciding a parent from its children takes an advisory lock on
 -- the parent (lock_children), not its row, so that the children's settles and the
 -- parent's own settle see each other's commits without blocking heartbeats.
 --
@@ -88,7 +90,7 @@ SET status = 'running',
                        + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
     started_at = coalesce(%(now)s::timestamptz, now()),
     cancel_requested = false
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT due.id
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     CROSS JOIN LATERAL (
@@ -103,7 +105,7 @@ WHERE id IN (
     WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
     ORDER BY due.priority, due.run_at, due.id
     LIMIT %(limit)s
-)
+))
 RETURNING *;
 
 -- name: heartbeat
@@ -119,11 +121,15 @@ alive AS (
     UPDATE conveyor_workers SET heartbeat_at = coalesce(%(now)s::timestamptz, now())
     WHERE id = %(worker_id)s
 ),
-held AS (
-    SELECT j.id FROM conveyor_jobs j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
-    WHERE j.status = 'running'
+locked AS MATERIALIZED (
+    SELECT j.id, j.lease_token, j.status FROM conveyor_jobs j
+    WHERE j.id = ANY(%(ids)s::text[])
     ORDER BY j.id
     FOR UPDATE OF j
+),
+held AS (
+    SELECT j.id FROM locked j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
+    WHERE j.status = 'running'
 )
 UPDATE conveyor_jobs j
 SET lease_expires_at = CASE
@@ -140,7 +146,7 @@ SET lease_expires_at = CASE
     progress_total = CASE WHEN b.done IS NULL THEN j.progress_total ELSE b.total END,
     progress_message = CASE WHEN b.done IS NULL THEN j.progress_message ELSE b.message END
 FROM beat b JOIN held USING (id)
-WHERE j.id = b.id AND j.lease_token = b.token AND j.status = 'running'
+WHERE j.id = b.id
 RETURNING j.id, b.renew, j.cancel_requested;
 
 -- name: settle
@@ -159,14 +165,18 @@ WITH ended AS (
         done, total, message
     )
 ),
+locked AS MATERIALIZED (
+    SELECT j.id, j.lease_token, j.status FROM conveyor_jobs j
+    WHERE j.id = ANY(%(ids)s::text[])
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
 held AS (
     SELECT j.id,
            (NOT %(decided)s AND e.status = 'succeeded'
             AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id)) AS deferred
-    FROM conveyor_jobs j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
+    FROM locked j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
     WHERE j.status = 'running'
-    ORDER BY j.id
-    FOR UPDATE OF j
 ),
 settled AS (
     UPDATE conveyor_jobs j
@@ -192,7 +202,7 @@ settled AS (
         progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
         lease_expires_at = NULL
     FROM ended e JOIN held h USING (id)
-    WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running' AND NOT h.deferred
+    WHERE j.id = h.id AND NOT h.deferred
     RETURNING j.id, j.parent_id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error,
               e.traceback
 ),

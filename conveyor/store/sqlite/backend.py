@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import operator
 import os
 import sqlite3
 import threading
@@ -94,47 +96,88 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     return rows[0] if rows else None
 
 
+# The columns a Job is read from, in the order _job_of takes them.
+_JOB_COLUMNS = (
+    "id", "type", "queue", "tenant", "payload", "status", "priority", "attempt",
+    "max_attempts", "run_at", "created_at", "timeout", "lease_seconds", "backoff_base",
+    "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
+    "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
+    "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
+    "lease_expires_at", "lease_token", "cancel_requested",
+)  # fmt: skip
+_STATUS = {s.value: s for s in Status}
+
+
+@functools.lru_cache(maxsize=32)
+def _picker(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """Pick the job columns out of a row of ``names``, by position (a row's by-name
+    look-up compares every column name in turn, and a claim reads thousands a second)."""
+    index = {name: i for i, name in enumerate(names)}
+    return operator.itemgetter(*(index[c] for c in _JOB_COLUMNS))
+
+
+def _jobs(cursor: sqlite3.Cursor) -> list[Job]:
+    """Read every row of a query of conveyor_jobs as a Job."""
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    pick = _picker(tuple(d[0] for d in cursor.description))
+    return [_job_of(*pick(row)) for row in rows]
+
+
 def _job(row: sqlite3.Row) -> Job:
-    done = row["progress_done"]
-    progress = (
-        None
-        if done is None
-        else Progress(done=done, total=row["progress_total"], message=row["progress_message"])
-    )
-    depends = row["depends_on"]
+    return _job_of(*_picker(tuple(row.keys()))(row))
+
+
+def _job_of(
+    id: str, type: str, queue: str, tenant: str | None, payload: str, status: str,
+    priority: int, attempt: int, max_attempts: int, run_at: float, created_at: float,
+    timeout: float | None, lease_seconds: float | None, backoff_base: float,
+    backoff_cap: float, progress_done: float | None, progress_total: float | None,
+    progress_message: str | None, state: str | None, result: str | None,
+    result_ref: str | None, error: str | None, parent_id: str | None, root_id: str | None,
+    depends_on: str | None, unique_key: str | None, concurrency_key: str | None,
+    retry_of: str | None, started_at: float | None, finished_at: float | None,
+    lease_owner: str | None, lease_expires_at: float | None, lease_token: int,
+    cancel_requested: int,
+) -> Job:  # fmt: skip
     return Job(
-        id=row["id"],
-        type=row["type"],
-        queue=row["queue"],
-        tenant=row["tenant"],
-        payload=json.loads(row["payload"]),
-        status=Status(row["status"]),
-        priority=row["priority"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        run_at=datetime.fromtimestamp(row["run_at"], UTC),
-        created_at=datetime.fromtimestamp(row["created_at"], UTC),
-        timeout=row["timeout"],
-        lease=row["lease_seconds"],
-        backoff_base=row["backoff_base"],
-        backoff_cap=row["backoff_cap"],
-        progress=progress,
-        state=_loads(row["state"]),
-        result=_loads(row["result"]),
-        result_ref=row["result_ref"],
-        error=row["error"],
-        parent_id=row["parent_id"],
-        root_id=row["root_id"],
-        depends_on=tuple(json.loads(depends)) if depends else (),
-        unique_key=row["unique_key"],
-        concurrency_key=row["concurrency_key"],
-        retry_of=row["retry_of"],
-        started_at=_ts(row["started_at"]),
-        finished_at=_ts(row["finished_at"]),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=_ts(row["lease_expires_at"]),
-        lease_token=row["lease_token"],
-        cancel_requested=bool(row["cancel_requested"]),
+        id=id,
+        type=type,
+        queue=queue,
+        tenant=tenant,
+        payload=json.loads(payload),
+        status=_STATUS[status],
+        priority=priority,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_at=datetime.fromtimestamp(run_at, UTC),
+        created_at=datetime.fromtimestamp(created_at, UTC),
+        timeout=timeout,
+        lease=lease_seconds,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        progress=None
+        if progress_done is None
+        else Progress(done=progress_done, total=progress_total, message=progress_message),
+        state=None if state is None else json.loads(state),
+        result=None if result is None else json.loads(result),
+        result_ref=result_ref,
+        error=error,
+        parent_id=parent_id,
+        root_id=root_id,
+        depends_on=tuple(json.loads(depends_on)) if depends_on else (),
+        unique_key=unique_key,
+        concurrency_key=concurrency_key,
+        retry_of=retry_of,
+        started_at=None if started_at is None else datetime.fromtimestamp(started_at, UTC),
+        finished_at=None if finished_at is None else datetime.fromtimestamp(finished_at, UTC),
+        lease_owner=lease_owner,
+        lease_expires_at=None
+        if lease_expires_at is None
+        else datetime.fromtimestamp(lease_expires_at, UTC),
+        lease_token=lease_token,
+        cancel_requested=bool(cancel_requested),
     )
 
 
@@ -229,6 +272,7 @@ class SQLiteStore:
         self._watcher: threading.Thread | None = None
         self._watch_stop = threading.Event()
         self._wake: asyncio.Event | None = None
+        self._commits = 0
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -249,6 +293,7 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self._commits += 1  # read by the watcher: this commit is not news
             return result
 
         return await self._run(tx)
@@ -483,7 +528,7 @@ class SQLiteStore:
         }
 
         def read(conn: sqlite3.Connection) -> list[Job]:
-            return [_job(r) for r in conn.execute(_Q["list_jobs"], params)]
+            return _jobs(conn.execute(_Q["list_jobs"], params))
 
         return await self._run(read)
 
@@ -532,7 +577,7 @@ class SQLiteStore:
             return await self._write(claim_limited)
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
-            return [_job(r) for r in conn.execute(_Q["claim"], params).fetchall()]
+            return _jobs(conn.execute(_Q["claim"], params))
 
         return await self._write(claim)
 
@@ -584,8 +629,7 @@ class SQLiteStore:
         for job_type in taken_types:
             if job_type in limits.rate:
                 conn.execute(_Q["record_rate_start"], {"type": job_type, "now": now})
-        claimed = conn.execute(_Q["claim_ids"], params | {"ids": json.dumps(taken)}).fetchall()
-        return [_job(r) for r in claimed]
+        return _jobs(conn.execute(_Q["claim_ids"], params | {"ids": json.dumps(taken)}))
 
     async def heartbeat(
         self,
@@ -636,59 +680,64 @@ class SQLiteStore:
     def _settle(
         self, conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
     ) -> list[str]:
-        refused = []
-        attempts = []
-        finished: list[tuple[str, str | None, Status]] = []
+        """End the attempts of a batch in one UPDATE, then record them and carry the ends on.
+
+        Per-job statements are left only for what needs them: a job reported succeeded
+        that has children, and a job that ended with a parent or with dependents.
+        """
+        ids = json.dumps([s.job_id for s in settlements])
+        with_children = (
+            {r[0] for r in conn.execute(_Q["parents_among"], {"ids": ids})}
+            if any(s.status is Status.SUCCEEDED for s in settlements)
+            else set()
+        )
+        rows = []
+        decided: dict[str, tuple[Settlement, Status]] = {}
         for s in settlements:
             status, error = s.status, s.error
-            if status is Status.SUCCEEDED:
+            if status is Status.SUCCEEDED and s.job_id in with_children:
                 children = self._children_counts(conn, s.job_id)
-                if children:
-                    status = transition(Status.RUNNING, returned_event(children))
-                    if status is Status.FAILED:
-                        error = children_error(children)
-            row = _one(
-                conn.execute(
-                    _Q["settle"],
-                    {
-                        "id": s.job_id,
-                        "token": s.token,
-                        "status": status.value,
-                        "result": _dumps(s.result),
-                        "result_ref": s.result_ref,
-                        "error": error,
-                        "retry_delay": s.retry_delay,
-                        "refund": 1 if s.outcome is None else 0,
-                        "progress_done": s.progress.done if s.progress else None,
-                        "progress_total": s.progress.total if s.progress else None,
-                        "progress_message": s.progress.message if s.progress else None,
-                        "now": now,
-                    },
+                status = transition(Status.RUNNING, returned_event(children))
+                if status is Status.FAILED:
+                    error = children_error(children)
+            decided[s.job_id] = (s, status)
+            progress = s.progress
+            rows.append(
+                (
+                    s.job_id,
+                    s.token,
+                    status.value,
+                    None if s.result is None else json.dumps(s.result, separators=(",", ":")),
+                    s.result_ref,
+                    error,
+                    s.retry_delay,
+                    1 if s.outcome is None else 0,
+                    None if progress is None else progress.done,
+                    None if progress is None else progress.total,
+                    None if progress is None else progress.message,
                 )
             )
-            if row is None:
-                refused.append(s.job_id)
-                continue
+        settled = conn.execute(_Q["settle"], {"batch": json.dumps(rows), "now": now}).fetchall()
+        attempts = []
+        finished: list[tuple[str, str | None, Status]] = []
+        for job_id, attempt, lease_owner, started_at, parent_id in settled:
+            s, status = decided.pop(job_id)
             if s.outcome is not None:
                 attempts.append(
-                    {
-                        "job_id": s.job_id,
-                        "number": row["attempt"],
-                        "worker_id": row["lease_owner"],
-                        "started_at": row["started_at"],
-                        "outcome": s.outcome.value,
-                        "error": s.error,
-                        "traceback": s.traceback,
-                        "now": now,
-                    }
-                )
+                    (job_id, attempt, lease_owner, started_at, now, s.outcome.value, s.error,
+                     s.traceback)
+                )  # fmt: skip
             if status.terminal:
-                finished.append((s.job_id, row["parent_id"], status))
+                finished.append((job_id, parent_id, status))
         if attempts:
             conn.executemany(_Q["insert_attempt"], attempts)
-        for job_id, parent_id, status in finished:
-            self._cascade(conn, job_id, parent_id, status, now)
-        return refused
+        if finished:
+            ended = json.dumps([job_id for job_id, _, _ in finished])
+            upstream = {r[0] for r in conn.execute(_Q["upstream_among"], {"ids": ended})}
+            for job_id, parent_id, status in finished:
+                if parent_id is not None or job_id in upstream:
+                    self._cascade(conn, job_id, parent_id, status, now)
+        return list(decided)  # the ones the UPDATE did not take: refused
 
     @staticmethod
     def _children_counts(conn: sqlite3.Connection, job_id: str) -> dict[Status, int]:
@@ -854,7 +903,7 @@ class SQLiteStore:
         params = {"ids": json.dumps(list(job_ids))}
 
         def read(conn: sqlite3.Connection) -> list[Job]:
-            return [_job(r) for r in conn.execute(_Q["get_many"], params)]
+            return _jobs(conn.execute(_Q["get_many"], params))
 
         return await self._run(read)
 
@@ -1136,20 +1185,62 @@ class SQLiteStore:
         return frozenset()
 
     def _start_watcher(self) -> None:
+        """Wake waiters when another connection commits.
+
+        A thread polls ``PRAGMA data_version`` on a connection of its own, which changes
+        on every commit of any other connection, this store's included. While the store
+        itself is writing (a draining worker commits every few milliseconds), a change
+        may be its own commit: the watcher then asks the store's thread, whose own
+        connection's data_version changes only with other connections' commits, instead
+        of waking the event loop for nothing.
+        """
         loop = asyncio.get_running_loop()
         wake = self._wake = asyncio.Event()
         stop = self._watch_stop
         path = self.path
+        executor = self._executor
+        seen: list[int | None] = [None]  # the store connection's data_version, last read
+        checking = threading.Event()  # a check is queued on the store's thread
+
+        def check(conn: sqlite3.Connection) -> None:
+            try:
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+                if version != seen[0]:
+                    seen[0] = version
+                    loop.call_soon_threadsafe(wake.set)
+            except (sqlite3.Error, RuntimeError):
+                pass
+            finally:
+                checking.clear()
+
+        def ask_store() -> None:
+            conn = self._conn
+            if executor is None or conn is None:
+                loop.call_soon_threadsafe(wake.set)
+            elif not checking.is_set():
+                checking.set()
+                try:
+                    executor.submit(check, conn)
+                except RuntimeError:  # the store is closing
+                    checking.clear()
 
         def watch() -> None:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             try:
+                ask_store()  # learn the store connection's data_version
+                commits = self._commits
                 last = conn.execute("PRAGMA data_version").fetchone()[0]
                 while not stop.wait(_WATCH_INTERVAL):
+                    before = commits
+                    commits = self._commits
                     version = conn.execute("PRAGMA data_version").fetchone()[0]
-                    if version != last:
-                        last = version
-                        loop.call_soon_threadsafe(wake.set)
+                    if version == last:
+                        continue
+                    last = version
+                    if commits == before:
+                        loop.call_soon_threadsafe(wake.set)  # not ours: someone else's
+                    else:
+                        ask_store()
             except (sqlite3.Error, RuntimeError):
                 # The database went away or the loop closed: waiters fall back to timeouts.
                 pass
@@ -1180,7 +1271,7 @@ class SQLiteStore:
         name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
 
         def read(conn: sqlite3.Connection) -> list[Job]:
-            return [_job(r) for r in conn.execute(_Q[name], params)]
+            return _jobs(conn.execute(_Q[name], params))
 
         return await self._run(read)
 

@@ -75,32 +75,57 @@ WHERE id = :id AND lease_token = :token AND status = 'running';
 UPDATE conveyor_workers SET heartbeat_at = :now WHERE id = :worker_id;
 
 -- name: settle
--- End an attempt, fenced by the lease: the row must still be running under this token.
-UPDATE conveyor_jobs
-SET status = :status,
-    result = :result,
-    result_ref = coalesce(:result_ref, result_ref),
+-- End a batch of attempts in one statement, each fenced by its lease: the row must still
+-- be running under the token. :batch is a JSON array of [id, token, status, result,
+-- result_ref, error, retry_delay, refund, progress_done, progress_total,
+-- progress_message]; the rows returned are the attempts ended, the others were refused.
+UPDATE conveyor_jobs AS j
+SET status = e.status,
+    result = e.result,
+    result_ref = coalesce(e.result_ref, j.result_ref),
     -- A cancelled job keeps the reason its cancel request stored.
-    error = CASE WHEN :status = 'cancelled' THEN coalesce(:error, error) ELSE :error END,
-    run_at = CASE WHEN :status = 'queued' THEN :now + :retry_delay ELSE run_at END,
-    finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
-    attempt = attempt - :refund,
-    progress_done = CASE WHEN :progress_done IS NULL THEN progress_done
-                         WHEN progress_total IS :progress_total AND progress_done > :progress_done
-                         THEN progress_done
-                         ELSE :progress_done END,
-    progress_total = CASE WHEN :progress_done IS NULL THEN progress_total ELSE :progress_total END,
-    progress_message = CASE WHEN :progress_done IS NULL THEN progress_message
-                            ELSE :progress_message END,
+    error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
+    run_at = CASE WHEN e.status = 'queued' THEN :now + e.retry_delay ELSE j.run_at END,
+    finished_at = CASE WHEN e.status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
+    attempt = j.attempt - e.refund,
+    progress_done = CASE WHEN e.progress_done IS NULL THEN j.progress_done
+                         WHEN j.progress_total IS e.progress_total
+                              AND j.progress_done > e.progress_done
+                         THEN j.progress_done
+                         ELSE e.progress_done END,
+    progress_total = CASE WHEN e.progress_done IS NULL THEN j.progress_total
+                          ELSE e.progress_total END,
+    progress_message = CASE WHEN e.progress_done IS NULL THEN j.progress_message
+                            ELSE e.progress_message END,
     lease_expires_at = NULL
-WHERE id = :id AND lease_token = :token AND status = 'running'
+FROM (
+    SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+           json_extract(value, '$[2]') AS status, json_extract(value, '$[3]') AS result,
+           json_extract(value, '$[4]') AS result_ref, json_extract(value, '$[5]') AS error,
+           json_extract(value, '$[6]') AS retry_delay, json_extract(value, '$[7]') AS refund,
+           json_extract(value, '$[8]') AS progress_done,
+           json_extract(value, '$[9]') AS progress_total,
+           json_extract(value, '$[10]') AS progress_message
+    FROM json_each(:batch)
+) AS e
+WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
 RETURNING id, attempt, lease_owner, started_at, parent_id;
+
+-- name: parents_among
+-- Which of the given jobs have children.
+SELECT DISTINCT parent_id FROM conveyor_jobs
+WHERE parent_id IN (SELECT value FROM json_each(:ids));
+
+-- name: upstream_among
+-- Which of the given jobs other jobs depend on.
+SELECT DISTINCT depends_on_id FROM conveyor_dependencies
+WHERE depends_on_id IN (SELECT value FROM json_each(:ids));
 
 -- name: insert_attempt
 -- Keep the record of one ended attempt.
 INSERT OR REPLACE INTO conveyor_attempts (
     job_id, number, worker_id, started_at, finished_at, outcome, error, traceback
-) VALUES (:job_id, :number, :worker_id, :started_at, :now, :outcome, :error, :traceback);
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: checkpoint
 -- Store a running job's state, fenced by its lease.
