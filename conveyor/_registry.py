@@ -120,6 +120,8 @@ class JobType:
         self.name = options.name
         self.is_async = inspect.iscoroutinefunction(fn)
         self.model = _payload_model(fn, options.name)
+        # A handler of ctx alone, called with an empty payload: nothing to validate.
+        self._takes_nothing = not self.model.model_fields
         if options.isolation == "process":
             importable_name(fn, options.name)
 
@@ -146,6 +148,8 @@ class JobType:
 
     def arguments(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Return the keyword arguments to call the handler with, from a stored payload."""
+        if not payload and self._takes_nothing:
+            return {}
         try:
             model = self.model.model_validate(dict(payload))
         except pydantic.ValidationError as exc:

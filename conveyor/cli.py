@@ -862,16 +862,37 @@ def _is_loopback(host: str) -> bool:
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
-@click.option("--host", default="127.0.0.1", show_default=True, envvar="CONVEYOR_HOST",
-              help="Address to listen on (env CONVEYOR_HOST).")
-@click.option("--port", default=8000, show_default=True, type=int, envvar="CONVEYOR_PORT",
-              help="Port to listen on (env CONVEYOR_PORT).")
-@click.option("--with-worker", is_flag=True,
-              help="Also run a worker in this process, on the same event loop.")
-@click.option("--concurrency", "-c", default=10, show_default=True,
-              help="With --with-worker: jobs run at once.")
-@click.option("--max-body", default=1024 * 1024, show_default=True,
-              help="Largest request body accepted, in bytes (413 above it).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="CONVEYOR_HOST",
+    help="Address to listen on (env CONVEYOR_HOST).",
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=int,
+    envvar="CONVEYOR_PORT",
+    help="Port to listen on (env CONVEYOR_PORT).",
+)
+@click.option(
+    "--with-worker", is_flag=True, help="Also run a worker in this process, on the same event loop."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=10,
+    show_default=True,
+    help="With --with-worker: jobs run at once.",
+)
+@click.option(
+    "--max-body",
+    default=1024 * 1024,
+    show_default=True,
+    help="Largest request body accepted, in bytes (413 above it).",
+)
 def serve(
     app_spec: str,
     database_url: str | None,

@@ -880,9 +880,7 @@ class Conveyor:
         self._tokens_touched.pop(token_id, None)
         return token
 
-    async def authorize(
-        self, principal: Principal, type: str, payload: Mapping[str, JSON]
-    ) -> None:
+    async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
         """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden.
 
         Types without a check, and types this application does not know (submitting them

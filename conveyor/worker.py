@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -45,12 +45,14 @@ from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, eve
 from conveyor.store import Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
+    from conveyor._registry import JobType
     from conveyor.client import Conveyor, JobHandle, Submission
 
 log = logging.getLogger("conveyor.worker")
 
 # Results that are JSON as they are: no need to serialise them to find out.
 _PLAIN = frozenset({str, int, bool})
+_SUCCEEDED = transition(Status.RUNNING, Event.SUCCEED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,7 @@ class _Interrupt(Enum):
     LOST = "lost"  # the lease is gone: drop everything
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Run:
     job: Job
     lease: float
@@ -337,13 +339,15 @@ class Worker:
             self._runs[job.id] = run
         self._active += 1
         self._idle.clear()
-        run.task = asyncio.create_task(self._execute(run), name=f"conveyor-job-{job.id}")
+        # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
+        # the task's coroutine (Worker._execute) and in every log line about it.
+        run.task = asyncio.create_task(self._execute(run, job_type))
 
-    async def _execute(self, run: _Run) -> None:
+    async def _execute(self, run: _Run, job_type: JobType | None) -> None:
         loop = asyncio.get_running_loop()
         settlement: Settlement | None
         try:
-            settlement = await self._invoke(run, loop)
+            settlement = await self._invoke(run, job_type, loop)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if run.interrupt is None or task is None:
@@ -361,9 +365,10 @@ class Worker:
             settlement = self._interrupted(run)
         self._finish(run, settlement)
 
-    async def _invoke(self, run: _Run, loop: asyncio.AbstractEventLoop) -> Settlement | None:
+    async def _invoke(
+        self, run: _Run, job_type: JobType | None, loop: asyncio.AbstractEventLoop
+    ) -> Settlement | None:
         job = run.job
-        job_type = self.app.registry.find(job.type)
         if job_type is None:
             return self._failure(
                 run,
@@ -425,10 +430,14 @@ class Worker:
                 f"the handler returned a result that is not JSON ({exc}); return plain data",
                 final=True,
             )
-        settlement = self._settlement(run, Event.SUCCEED, Outcome.SUCCEEDED, result=result)
-        if ctx.result_ref is not None:
-            settlement = dataclasses.replace(settlement, result_ref=str(ctx.result_ref))
-        return settlement
+        return Settlement(
+            job_id=job.id,
+            token=job.lease_token,
+            status=_SUCCEEDED,
+            outcome=Outcome.SUCCEEDED,
+            result=result,
+            result_ref=None if ctx.result_ref is None else str(ctx.result_ref),
+        )
 
     def _settlement(
         self,
@@ -517,10 +526,11 @@ class Worker:
             self._release(run)
             log.warning("job %s: lease lost, result dropped", run.job.id)
         else:
-            with self._lock:
-                progress = self._progress.pop(run.key, None)
-            if progress is not None:
-                settlement = dataclasses.replace(settlement, progress=progress)
+            if self._progress:  # progress not yet written by a heartbeat goes with the result
+                with self._lock:
+                    progress = self._progress.pop(run.key, None)
+                if progress is not None:
+                    settlement = dataclasses.replace(settlement, progress=progress)
             self._outbox.append((run, settlement))
             self._settle_ready.set()
         if self._active == 0:
@@ -528,10 +538,16 @@ class Worker:
         self._wakeup.set()
 
     def _release(self, run: _Run) -> None:
+        self._release_all((run,))
+
+    def _release_all(self, runs: Iterable[_Run]) -> None:
         with self._lock:
-            if self._runs.get(run.job.id) is run:
-                del self._runs[run.job.id]
-            self._progress.pop(run.key, None)
+            held, progress = self._runs, self._progress
+            for run in runs:
+                if held.get(run.job.id) is run:
+                    del held[run.job.id]
+                if progress:
+                    progress.pop(run.key, None)
 
     # -- settling -----------------------------------------------------------------------
 
@@ -562,10 +578,9 @@ class Worker:
                 await asyncio.sleep(min(5.0, 0.1 * 2**failures) * (0.5 + random.random()))
                 self._settle_ready.set()
                 continue
-            for run, _ in batch:
-                if run.job.id in refused:
-                    log.warning("job %s: lease lost before its result was recorded", run.job.id)
-                self._release(run)
+            for job_id in refused:
+                log.warning("job %s: lease lost before its result was recorded", job_id)
+            self._release_all(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._stopping:
                 self._settle_ready.set()

@@ -1,6 +1,5 @@
 """The REST API (SPEC §7): routes over the :class:`~conveyor.Conveyor` facade, nothing else."""
 
-
 import hashlib
 import json
 import math

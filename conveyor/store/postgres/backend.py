@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
+import operator
 import random
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
 from psycopg_pool import AsyncConnectionPool
@@ -131,11 +133,17 @@ _FOREVER = 3e9
 _SUBMIT_ROUNDS = 5
 
 
+@overload
+def _utc(value: datetime) -> datetime: ...
+@overload
+def _utc(value: None) -> None: ...
 def _utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
+    if value.tzinfo is UTC:
+        return value
     return value.astimezone(UTC)
 
 
@@ -143,50 +151,88 @@ def _dumps(value: JSON) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
+# The columns a Job is read from, in the order _job_of takes them.
+_JOB_COLUMNS = (
+    "id", "type", "queue", "tenant", "payload", "status", "priority", "attempt",
+    "max_attempts", "run_at", "created_at", "timeout", "lease_seconds", "backoff_base",
+    "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
+    "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
+    "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
+    "lease_expires_at", "lease_token", "cancel_requested",
+)  # fmt: skip
+_STATUS = {s.value: s for s in Status}
+_pick_job = operator.itemgetter(*_JOB_COLUMNS)
+
+
+@functools.lru_cache(maxsize=32)
+def _picker(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """Pick the job columns out of a tuple row of ``names``, by position."""
+    index = {name: i for i, name in enumerate(names)}
+    return operator.itemgetter(*(index[c] for c in _JOB_COLUMNS))
+
+
+async def _fetch_jobs(conn: Connection, query: str, params: Mapping[str, Any]) -> list[Job]:
+    """Run a query of conveyor_jobs and read its rows as Jobs, as tuples (no dict per row)."""
+    async with conn.cursor(row_factory=tuple_row) as cursor:
+        await cursor.execute(query, params)
+        rows = await cursor.fetchall()
+        if not rows or cursor.description is None:
+            return []
+        pick = _picker(tuple(d.name for d in cursor.description))
+        return [_job_of(*pick(row)) for row in rows]
+
+
 def _job(row: Mapping[str, Any]) -> Job:
-    done = row["progress_done"]
-    progress = (
-        None
-        if done is None
-        else Progress(done=done, total=row["progress_total"], message=row["progress_message"])
-    )
-    run_at = _utc(row["run_at"])
-    created_at = _utc(row["created_at"])
-    if run_at is None or created_at is None:
-        raise RuntimeError(f"job {row['id']!r} has no run_at or created_at")
+    return _job_of(*_pick_job(row))
+
+
+def _job_of(
+    id: str, type: str, queue: str, tenant: str | None, payload: Any, status: str,
+    priority: int, attempt: int, max_attempts: int, run_at: datetime, created_at: datetime,
+    timeout: float | None, lease_seconds: float | None, backoff_base: float,
+    backoff_cap: float, progress_done: float | None, progress_total: float | None,
+    progress_message: str | None, state: JSON, result: JSON, result_ref: str | None,
+    error: str | None, parent_id: str | None, root_id: str | None,
+    depends_on: list[str] | None, unique_key: str | None, concurrency_key: str | None,
+    retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
+    lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
+    cancel_requested: bool,
+) -> Job:  # fmt: skip
     return Job(
-        id=row["id"],
-        type=row["type"],
-        queue=row["queue"],
-        tenant=row["tenant"],
-        payload=row["payload"],
-        status=Status(row["status"]),
-        priority=row["priority"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        run_at=run_at,
-        created_at=created_at,
-        timeout=row["timeout"],
-        lease=row["lease_seconds"],
-        backoff_base=row["backoff_base"],
-        backoff_cap=row["backoff_cap"],
-        progress=progress,
-        state=row["state"],
-        result=row["result"],
-        result_ref=row["result_ref"],
-        error=row["error"],
-        parent_id=row["parent_id"],
-        root_id=row["root_id"],
-        depends_on=tuple(row["depends_on"] or ()),
-        unique_key=row["unique_key"],
-        concurrency_key=row["concurrency_key"],
-        retry_of=row["retry_of"],
-        started_at=_utc(row["started_at"]),
-        finished_at=_utc(row["finished_at"]),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=_utc(row["lease_expires_at"]),
-        lease_token=row["lease_token"],
-        cancel_requested=row["cancel_requested"],
+        id=id,
+        type=type,
+        queue=queue,
+        tenant=tenant,
+        payload=payload,
+        status=_STATUS[status],
+        priority=priority,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_at=_utc(run_at),
+        created_at=_utc(created_at),
+        timeout=timeout,
+        lease=lease_seconds,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        progress=None
+        if progress_done is None
+        else Progress(done=progress_done, total=progress_total, message=progress_message),
+        state=state,
+        result=result,
+        result_ref=result_ref,
+        error=error,
+        parent_id=parent_id,
+        root_id=root_id,
+        depends_on=tuple(depends_on) if depends_on else (),
+        unique_key=unique_key,
+        concurrency_key=concurrency_key,
+        retry_of=retry_of,
+        started_at=None if started_at is None else _utc(started_at),
+        finished_at=None if finished_at is None else _utc(finished_at),
+        lease_owner=lease_owner,
+        lease_expires_at=None if lease_expires_at is None else _utc(lease_expires_at),
+        lease_token=lease_token,
+        cancel_requested=cancel_requested,
     )
 
 
@@ -730,6 +776,11 @@ class PostgresStore:
                 # New steps for each try: a retry after a lost connection starts over.
                 return await _run_steps(conn, _submit_steps(jobs, self._now()))
 
+            if len(jobs) == 1 and not jobs[0].depends_on:
+                # One job is one INSERT, atomic on its own: in autocommit it takes one
+                # round trip instead of three (BEGIN, INSERT, COMMIT). Should its id or
+                # unique key be taken, the look-up that follows writes nothing.
+                return await self._run(insert)
             return await self._transaction(insert)
         steps = _submit_steps(jobs, self._now())
         if isinstance(connection, psycopg.AsyncConnection):
@@ -800,7 +851,7 @@ class PostgresStore:
             flow = limits
             jobs = await self._transaction(lambda conn: self._claim_limited(conn, params, flow))
         else:
-            jobs = [_job(row) for row in await self._fetch("claim", params)]
+            jobs = await self._run(lambda conn: _fetch_jobs(conn, _Q["claim"], params))
         # RETURNING does not keep the claim order; the worker starts jobs in this order.
         return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 

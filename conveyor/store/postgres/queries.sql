@@ -304,8 +304,12 @@ SELECT now() AS now;
 -- ends such a session after 15 s, rolling back, and the other workers carry on. A
 -- statement of conveyor's that runs for a minute has gone wrong (and may outlive a
 -- killed worker, holding locks): the server cancels it.
+-- Timestamps travel in UTC, which psycopg reads straight into UTC datetimes (every time
+-- conveyor stores is a timestamptz, so this changes how they are written out, not what
+-- they are).
 SET idle_in_transaction_session_timeout = '15s';
 SET statement_timeout = '60s';
+SET TimeZone = 'UTC';
 
 -- name: listen
 -- Subscribe the notification connection to both wake-up channels.
