@@ -131,6 +131,8 @@ class JobType:
             raise InvalidPayload(
                 self.name, f"a payload is a JSON object of keyword arguments, not {payload!r}"
             )
+        if not payload and self._takes_nothing:
+            return {}
         _check_json_text(self.name, payload)
         try:
             model = self.model.model_validate(dict(payload))

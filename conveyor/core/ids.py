@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+# Two digits at a time: every 10-bit value's pair of digits.
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
+_SHIFTS = range(120, -1, -10)  # 13 pairs: 130 bits, the top two always zero
 
 
 def new_id(now: float) -> str:
@@ -16,8 +19,15 @@ def new_id(now: float) -> str:
     True
     """
     value = (int(now * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
-    chars = []
-    for _ in range(26):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    return encode(value)
+
+
+def encode(value: int) -> str:
+    """The 26 base32 digits of a 128-bit ``value``, most significant first.
+
+    >>> encode(0)
+    '00000000000000000000000000'
+    >>> encode(2**128 - 1)
+    '7zzzzzzzzzzzzzzzzzzzzzzzzz'
+    """
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])

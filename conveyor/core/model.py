@@ -68,6 +68,33 @@ class NewJob:
     retry_of: str | None = None
     state: JSON = None  # initial checkpoint, e.g. carried over by a manual retry
 
+    def stored(self, status: Status, run_at: datetime, created_at: datetime) -> Job:
+        """The job as a store has just inserted it, with the times the store decided."""
+        return Job(
+            id=self.id,
+            type=self.type,
+            queue=self.queue,
+            payload=self.payload,
+            status=status,
+            priority=self.priority,
+            attempt=0,
+            max_attempts=self.max_attempts,
+            run_at=run_at,
+            created_at=created_at,
+            timeout=self.timeout,
+            lease=self.lease,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            tenant=self.tenant,
+            state=self.state,
+            parent_id=self.parent_id,
+            root_id=self.root_id,
+            depends_on=self.depends_on,
+            unique_key=self.unique_key,
+            concurrency_key=self.concurrency_key,
+            retry_of=self.retry_of,
+        )
+
 
 @dataclass(slots=True, eq=True)
 class Job:

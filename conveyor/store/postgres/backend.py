@@ -365,27 +365,36 @@ def _submit_params(
 ) -> dict[str, Any]:
     return {
         "now": now,
-        "id": [j.id for j in jobs],
-        "type": [j.type for j in jobs],
-        "queue": [j.queue for j in jobs],
-        "tenant": [j.tenant for j in jobs],
-        "payload": [json.dumps(j.payload, separators=(",", ":")) for j in jobs],
-        "status": [status.value for _ in jobs],
-        "priority": [j.priority for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "run_at": [_utc(j.run_at) for j in jobs],
-        "delay": [float(j.delay) for j in jobs],
-        "timeout": [j.timeout for j in jobs],
-        "lease_seconds": [j.lease for j in jobs],
-        "backoff_base": [float(j.backoff_base) for j in jobs],
-        "backoff_cap": [float(j.backoff_cap) for j in jobs],
-        "state": [_dumps(j.state) for j in jobs],
-        "parent_id": [j.parent_id for j in jobs],
-        "root_id": [j.root_id for j in jobs],
-        "depends_on": [json.dumps(list(j.depends_on)) if j.depends_on else None for j in jobs],
-        "unique_key": [j.unique_key for j in jobs],
-        "concurrency_key": [j.concurrency_key for j in jobs],
-        "retry_of": [j.retry_of for j in jobs],
+        "status": status.value,
+        "jobs": json.dumps(
+            [
+                {
+                    "id": j.id,
+                    "type": j.type,
+                    "queue": j.queue,
+                    "tenant": j.tenant,
+                    "payload": json.dumps(j.payload, separators=(",", ":")),
+                    "priority": j.priority,
+                    "max_attempts": j.max_attempts,
+                    "run_at": None if j.run_at is None else _utc(j.run_at).isoformat(),
+                    "delay": j.delay,
+                    "timeout": j.timeout,
+                    "lease_seconds": j.lease,
+                    "backoff_base": j.backoff_base,
+                    "backoff_cap": j.backoff_cap,
+                    "state": _dumps(j.state),
+                    "parent_id": j.parent_id,
+                    "root_id": j.root_id,
+                    "depends_on": list(j.depends_on) if j.depends_on else None,
+                    "unique_key": j.unique_key,
+                    "concurrency_key": j.concurrency_key,
+                    "retry_of": j.retry_of,
+                }
+                for j in jobs
+            ],
+            separators=(",", ":"),
+            allow_nan=False,
+        ),
     }
 
 
@@ -427,7 +436,10 @@ def _insert_batch(
             # pop: when an id repeats within the batch, only its first job is created.
             row = created.pop(jobs[i].id, None)
             if row is not None:
-                results[i] = Submitted(_job(row), created=True)
+                stored = jobs[i].stored(
+                    _STATUS[row["status"]], _utc(row["run_at"]), _utc(row["created_at"])
+                )
+                results[i] = Submitted(stored, created=True)
             else:
                 missing.append(i)
         if not missing:
@@ -447,10 +459,10 @@ def _insert_batch(
         }
         pending = []
         for i in missing:
-            job = jobs[i]
-            found = by_id.get(job.id)
-            if found is None and job.unique_key is not None:
-                found = by_key.get(job.unique_key)
+            new = jobs[i]
+            found = by_id.get(new.id)
+            if found is None and new.unique_key is not None:
+                found = by_key.get(new.unique_key)
             if found is None:
                 pending.append(i)  # its key's holder ended meanwhile: insert it again
             else:
