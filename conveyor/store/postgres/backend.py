@@ -1009,9 +1009,12 @@ class PostgresStore:
                 if not by_id[d.job_id]["deferred"] and d.status.terminal
             )
             upstream.update(d.job_id for d in decided)
-        for job_id, parent_id, status in finished:
-            if parent_id is not None or job_id in upstream:
-                await self._cascade(conn, job_id, parent_id, status, now)
+        await self._cascade_all(
+            conn,
+            [f for f in finished if f[1] is not None or f[0] in upstream],
+            now,
+            without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
+        )
         return [s.job_id for s in settlements if s.job_id not in by_id]
 
     async def _decide_from_children(
@@ -1047,29 +1050,45 @@ class PostgresStore:
         now: datetime | None,
     ) -> None:
         """Carry a job's end to its waiting parent and its pending dependents, transitively."""
-        todo = [(job_id, parent_id, status)]
+        await self._cascade_all(conn, [(job_id, parent_id, status)], now)
+
+    async def _cascade_all(
+        self,
+        conn: Connection,
+        ended: list[tuple[str, str | None, Status]],
+        now: datetime | None,
+        *,
+        without_dependents: frozenset[str] = frozenset(),
+    ) -> None:
+        """Carry many jobs' ends on, a round at a time: each parent is decided once per
+        round, however many of its children ended (its children are counted whole), and
+        dependents are looked for except of ``without_dependents``, known to have none."""
+        todo = ended
         while todo:
-            job_id, parent_id, status = todo.pop()
-            if parent_id is not None:
+            round_, todo = todo, []
+            for parent_id in sorted({p for _, p, _ in round_ if p is not None}):
                 finished = await self._finish_parent(conn, parent_id, now)
                 if finished is not None:
                     todo.append(finished)
-            dependents = await (
-                await conn.execute(_Q["pending_dependents"], {"id": job_id})
-            ).fetchall()
-            for dependent in dependents:
-                if dependency_event(status) is None:
-                    unmet = await (
-                        await conn.execute(_Q["unmet_dependencies"], {"id": dependent["id"]})
-                    ).fetchone()
-                    if unmet is not None and unmet["n"] == 0:
-                        await conn.execute(_Q["release_pending"], {"id": dependent["id"]})
+            for job_id, _, status in round_:
+                if job_id in without_dependents:
                     continue
-                reason = f"dependency {job_id} {status.value}"
-                params = {"id": dependent["id"], "reason": reason, "now": now}
-                row = await (await conn.execute(_Q["cancel_pending"], params)).fetchone()
-                if row is not None:
-                    todo.append((row["id"], row["parent_id"], Status.CANCELLED))
+                dependents = await (
+                    await conn.execute(_Q["pending_dependents"], {"id": job_id})
+                ).fetchall()
+                for dependent in dependents:
+                    if dependency_event(status) is None:
+                        unmet = await (
+                            await conn.execute(_Q["unmet_dependencies"], {"id": dependent["id"]})
+                        ).fetchone()
+                        if unmet is not None and unmet["n"] == 0:
+                            await conn.execute(_Q["release_pending"], {"id": dependent["id"]})
+                        continue
+                    reason = f"dependency {job_id} {status.value}"
+                    params = {"id": dependent["id"], "reason": reason, "now": now}
+                    row = await (await conn.execute(_Q["cancel_pending"], params)).fetchone()
+                    if row is not None:
+                        todo.append((row["id"], row["parent_id"], Status.CANCELLED))
 
     async def _finish_parent(
         self, conn: Connection, parent_id: str, now: datetime | None

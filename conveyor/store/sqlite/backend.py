@@ -734,9 +734,12 @@ class SQLiteStore:
         if finished:
             ended = json.dumps([job_id for job_id, _, _ in finished])
             upstream = {r[0] for r in conn.execute(_Q["upstream_among"], {"ids": ended})}
-            for job_id, parent_id, status in finished:
-                if parent_id is not None or job_id in upstream:
-                    self._cascade(conn, job_id, parent_id, status, now)
+            self._cascade_all(
+                conn,
+                [f for f in finished if f[1] is not None or f[0] in upstream],
+                now,
+                without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
+            )
         return list(decided)  # the ones the UPDATE did not take: refused
 
     @staticmethod
@@ -754,27 +757,45 @@ class SQLiteStore:
         now: float,
     ) -> None:
         """Carry a job's end to its waiting parent and its pending dependents, transitively."""
-        todo = [(job_id, parent_id, status)]
+        self._cascade_all(conn, [(job_id, parent_id, status)], now)
+
+    def _cascade_all(
+        self,
+        conn: sqlite3.Connection,
+        ended: list[tuple[str, str | None, Status]],
+        now: float,
+        *,
+        without_dependents: frozenset[str] = frozenset(),
+    ) -> None:
+        """Carry many jobs' ends on, a round at a time: each parent is decided once per
+        round, however many of its children ended (its children are counted whole), and
+        dependents are looked for except of ``without_dependents``, known to have none."""
+        todo = ended
         while todo:
-            job_id, parent_id, status = todo.pop()
-            if parent_id is not None:
+            round_, todo = todo, []
+            for parent_id in sorted({p for _, p, _ in round_ if p is not None}):
                 finished = self._finish_parent(conn, parent_id, now)
                 if finished is not None:
                     todo.append(finished)
-            for r in conn.execute(_Q["pending_dependents"], {"id": job_id}).fetchall():
-                if dependency_event(status) is None:
-                    unmet = conn.execute(_Q["unmet_dependencies"], {"id": r["id"]}).fetchone()[0]
-                    if unmet == 0:
-                        conn.execute(_Q["release_pending"], {"id": r["id"]})
+            for job_id, _, status in round_:
+                if job_id in without_dependents:
                     continue
-                reason = f"dependency {job_id} {status.value}"
-                row = _one(
-                    conn.execute(
-                        _Q["cancel_pending"], {"id": r["id"], "reason": reason, "now": now}
+                for r in conn.execute(_Q["pending_dependents"], {"id": job_id}).fetchall():
+                    if dependency_event(status) is None:
+                        unmet = conn.execute(_Q["unmet_dependencies"], {"id": r["id"]}).fetchone()[
+                            0
+                        ]
+                        if unmet == 0:
+                            conn.execute(_Q["release_pending"], {"id": r["id"]})
+                        continue
+                    reason = f"dependency {job_id} {status.value}"
+                    row = _one(
+                        conn.execute(
+                            _Q["cancel_pending"], {"id": r["id"], "reason": reason, "now": now}
+                        )
                     )
-                )
-                if row is not None:
-                    todo.append((row["id"], row["parent_id"], Status.CANCELLED))
+                    if row is not None:
+                        todo.append((row["id"], row["parent_id"], Status.CANCELLED))
 
     def _finish_parent(
         self, conn: sqlite3.Connection, parent_id: str, now: float
