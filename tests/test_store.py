@@ -69,6 +69,31 @@ async def test_unique_key_returns_the_active_job(store: Store) -> None:
     assert a[0].created
 
 
+async def test_a_batch_returns_each_job_as_stored_and_existing_ids_as_found(
+    store: Store,
+) -> None:
+    await store.submit([new("old", payload={"n": 0})])
+    batch = [
+        new("a", payload={"n": 1}, priority=3, delay=5.0),
+        new("old", payload={"n": 2}),
+        new("b", unique_key="k"),
+        new("a", payload={"n": 3}),
+        new("c", unique_key="k"),
+    ]
+    results = await store.submit(batch)
+    assert [(r.job.id, r.created) for r in results] == [
+        ("a", True),
+        ("old", False),
+        ("b", True),
+        ("a", False),
+        ("b", False),
+    ]
+    # What a submit returns is what a read returns, field for field.
+    for r in results:
+        assert r.job == await store.get(r.job.id)
+    assert results[1].job.payload == {"n": 0} and results[3].job.payload == {"n": 1}
+
+
 async def test_claim_order_is_priority_then_run_at_then_id(store: Store, clock: FakeClock) -> None:
     await store.submit([new("c", priority=5)])
     await store.submit([new("b", priority=0)])

@@ -433,11 +433,31 @@ class SQLiteStore:
             )
         now = self._clock()
         rows = [self._new_job_params(job, now) for job in jobs]
+        # Without dependencies (which must find the jobs before them), many jobs go in
+        # one statement; those it did not create (an id or unique key taken) take the
+        # one-by-one path, which finds the job holding it.
+        together = len(jobs) > 1 and not any(job.depends_on for job in jobs)
 
         def insert(conn: sqlite3.Connection) -> list[Submitted]:
-            return [
-                self._insert(conn, job, params, now) for job, params in zip(jobs, rows, strict=True)
-            ]
+            created: dict[str, tuple[str, str, float, float]] = {}
+            if together:
+                params = {"jobs": json.dumps(rows), "now": now}
+                created = {r[0]: r for r in conn.execute(_Q["insert_jobs"], params)}
+            results = []
+            for job, params in zip(jobs, rows, strict=True):
+                # pop: when an id repeats within the batch, only its first job is created.
+                row = created.pop(job.id, None)
+                if row is None:
+                    results.append(self._insert(conn, job, params, now))
+                    continue
+                _, status, run_at, created_at = row
+                stored = job.stored(
+                    _STATUS[status],
+                    datetime.fromtimestamp(run_at, UTC),
+                    datetime.fromtimestamp(created_at, UTC),
+                )
+                results.append(Submitted(stored, created=True))
+            return results
 
         return await self._write(insert)
 

@@ -15,6 +15,31 @@ INSERT INTO conveyor_jobs (
 ON CONFLICT DO NOTHING
 RETURNING *;
 
+-- name: insert_jobs
+-- Insert many new jobs in one statement, in array order; an existing id or an active
+-- unique key makes that row a no-op. :jobs is a JSON array of insert_job's parameters.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
+    unique_key, concurrency_key, retry_of, created_at
+)
+SELECT
+    json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
+    json_extract(value, '$.tenant'), json_extract(value, '$.payload'),
+    json_extract(value, '$.status'), json_extract(value, '$.priority'),
+    json_extract(value, '$.max_attempts'), json_extract(value, '$.run_at'),
+    json_extract(value, '$.timeout'), json_extract(value, '$.lease_seconds'),
+    json_extract(value, '$.backoff_base'), json_extract(value, '$.backoff_cap'),
+    json_extract(value, '$.state'), json_extract(value, '$.parent_id'),
+    json_extract(value, '$.root_id'), json_extract(value, '$.depends_on'),
+    json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
+    json_extract(value, '$.retry_of'), :now
+FROM json_each(:jobs)
+WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
+ORDER BY key
+ON CONFLICT DO NOTHING
+RETURNING id, status, run_at, created_at;
+
 -- name: get_job
 -- One job by id.
 SELECT * FROM conveyor_jobs WHERE id = :id;
