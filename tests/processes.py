@@ -44,8 +44,16 @@ class WorkerProcesses:
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         command = [
-            sys.executable, "-m", "conveyor", "--log-level", "INFO", "worker", app,
-            "--database-url", self.db_url, *args,
+            sys.executable,
+            "-m",
+            "conveyor",
+            "--log-level",
+            "INFO",
+            "worker",
+            app,
+            "--database-url",
+            self.db_url,
+            *args,
         ]
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()

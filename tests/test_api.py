@@ -278,7 +278,8 @@ async def test_etag_gives_304_while_unchanged(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
     r = await client.post(
-        "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}, "delay": 30},
+        "/jobs",
+        json={"type": "add", "payload": {"a": 1, "b": 2}, "delay": 30},
         headers=tokens["write"],
     )
     location = r.headers["Location"]
@@ -303,10 +304,12 @@ async def test_listing_pages_filters_and_sorts(
             "/jobs", json={"type": "add", "payload": {"a": i, "b": 0}}, headers=tokens["write"]
         )
         ids.append(r.json()["id"])
-    await client.post("/jobs", json={"type": "nap", "payload": {"seconds": 1}},
-                      headers=tokens["write"])
-    await client.post("/jobs", json={"type": "add", "payload": {"a": 0, "b": 0}},
-                      headers=tokens["other"])
+    await client.post(
+        "/jobs", json={"type": "nap", "payload": {"seconds": 1}}, headers=tokens["write"]
+    )
+    await client.post(
+        "/jobs", json={"type": "add", "payload": {"a": 0, "b": 0}}, headers=tokens["other"]
+    )
     seen: list[str] = []
     url: str | None = "/jobs?type=add&limit=3"
     pages = 0
@@ -324,8 +327,9 @@ async def test_listing_pages_filters_and_sorts(
     await app.cancel(ids[0])
     r = await client.get("/jobs?status=cancelled&status=failed", headers=tokens["read"])
     assert [j["id"] for j in r.json()["jobs"]] == [ids[0]]
-    r = await client.get("/jobs", params={"created_after": "2999-01-01T00:00:00Z"},
-                         headers=tokens["read"])
+    r = await client.get(
+        "/jobs", params={"created_after": "2999-01-01T00:00:00Z"}, headers=tokens["read"]
+    )
     assert r.json()["jobs"] == []
     r = await client.get("/jobs?limit=100", headers=tokens["admin"])
     assert len(r.json()["jobs"]) == 9
@@ -336,8 +340,9 @@ async def test_listing_pages_filters_and_sorts(
 async def test_children_are_listed_only_when_asked(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    r = await client.post("/jobs", json={"type": "fan_out", "payload": {"n": 3}},
-                          headers=tokens["write"])
+    r = await client.post(
+        "/jobs", json={"type": "fan_out", "payload": {"n": 3}}, headers=tokens["write"]
+    )
     parent = r.json()
     async with running_worker(app):
         r = await client.get(f"{parent['links']['self']}?wait=20", headers=tokens["read"])
@@ -349,8 +354,9 @@ async def test_children_are_listed_only_when_asked(
     r = await client.get(parent["links"]["children"], headers=tokens["read"])
     children = r.json()["jobs"]
     assert len(children) == 3
-    assert all(c["tenant"] == "acme" and c["links"]["parent"] == parent["links"]["self"]
-               for c in children)
+    assert all(
+        c["tenant"] == "acme" and c["links"]["parent"] == parent["links"]["self"] for c in children
+    )
     r = await client.get(f"/jobs?root={parent['id']}", headers=tokens["read"])
     assert len(r.json()["jobs"]) == 3
 
@@ -358,8 +364,9 @@ async def test_children_are_listed_only_when_asked(
 async def test_another_tenants_job_is_not_found(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    r = await client.post("/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}},
-                          headers=tokens["write"])
+    r = await client.post(
+        "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
+    )
     self_url = r.json()["links"]["self"]
     for method, url in [
         ("GET", self_url),
@@ -383,11 +390,13 @@ async def test_another_tenants_job_is_not_found(
 async def test_cancel_and_retry_say_why_they_are_refused(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    r = await client.post("/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}},
-                          headers=tokens["write"])
+    r = await client.post(
+        "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
+    )
     job = r.json()
-    r = await client.post(job["links"]["retry"] or f"{job['links']['self']}/retry",
-                          headers=tokens["write"])
+    r = await client.post(
+        job["links"]["retry"] or f"{job['links']['self']}/retry", headers=tokens["write"]
+    )
     assert r.status_code == 409 and "only failed or cancelled" in r.json()["detail"]
     r = await client.post(job["links"]["cancel"], headers=tokens["write"])
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
@@ -402,8 +411,9 @@ async def test_cancel_and_retry_say_why_they_are_refused(
 async def test_a_running_job_is_asked_to_stop(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    r = await client.post("/jobs", json={"type": "nap", "payload": {"seconds": 20}},
-                          headers=tokens["write"])
+    r = await client.post(
+        "/jobs", json={"type": "nap", "payload": {"seconds": 20}}, headers=tokens["write"]
+    )
     job = r.json()
     async with running_worker(app):
         for _ in range(500):
@@ -421,8 +431,9 @@ async def test_a_running_job_is_asked_to_stop(
 async def test_failed_jobs_show_their_error_and_traceback(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    r = await client.post("/jobs", json={"type": "explode", "payload": {"message": "kaput"}},
-                          headers=tokens["write"])
+    r = await client.post(
+        "/jobs", json={"type": "explode", "payload": {"message": "kaput"}}, headers=tokens["write"]
+    )
     async with running_worker(app):
         r = await client.get(f"{r.json()['links']['self']}?wait=20", headers=tokens["read"])
     job = r.json()
@@ -436,18 +447,22 @@ async def test_failed_jobs_show_their_error_and_traceback(
 async def test_queues_pause_and_resume_and_workers_are_listed(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    await client.post("/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}},
-                      headers=tokens["write"])
+    await client.post(
+        "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
+    )
     r = await client.post("/queues/default/pause", headers=tokens["admin"])
     assert r.status_code == 200 and r.json() == {
-        "name": "default", "paused": True, "counts": {"queued": 1}
+        "name": "default",
+        "paused": True,
+        "counts": {"queued": 1},
     }
     r = await client.get("/queues", headers=tokens["read"])
     assert r.json()["queues"] == [{"name": "default", "paused": True, "counts": {"queued": 1}}]
     async with running_worker(app):
         await asyncio.sleep(0.3)
         assert (await client.get("/queues", headers=tokens["read"])).json()["queues"][0][
-            "counts"] == {"queued": 1}
+            "counts"
+        ] == {"queued": 1}
         r = await client.get("/workers", headers=tokens["read"])
         assert [w["state"] for w in r.json()["workers"]] == ["running"]
         r = await client.post("/queues/default/resume", headers=tokens["admin"])
@@ -488,8 +503,9 @@ async def test_health_reports_degraded_healthy_then_unhealthy(
 async def test_metrics_count_jobs_and_requests(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    await client.post("/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}},
-                      headers=tokens["write"])
+    await client.post(
+        "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
+    )
     assert (await client.get("/metrics")).status_code == 401
     r = await client.get("/metrics", headers=tokens["read"])
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -523,7 +539,10 @@ async def test_mounted_api_and_job_accepted_in_an_application(
             r = await c.get(f"{location}?wait=20", headers=tokens["read"])
         assert r.status_code == 200 and r.json()["result"] == 42
         assert r.json()["links"]["attempts"] == f"{location}/attempts"
-        r = await c.post("/conveyor/jobs", json={"type": "add", "payload": {"a": 1, "b": 1}},
-                         headers=tokens["write"])
+        r = await c.post(
+            "/conveyor/jobs",
+            json={"type": "add", "payload": {"a": 1, "b": 1}},
+            headers=tokens["write"],
+        )
         assert r.headers["Location"].startswith("/conveyor/jobs/")
         assert (await c.get("/conveyor/openapi.json")).status_code == 200

@@ -28,8 +28,18 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_tokens_create_list_and_revoke(db_url: str) -> None:
-    code, out, err = cli("tokens", "create", "--tenant", "acme", "--role", "write",
-                         "--name", "billing", "--database-url", db_url)
+    code, out, err = cli(
+        "tokens",
+        "create",
+        "--tenant",
+        "acme",
+        "--role",
+        "write",
+        "--name",
+        "billing",
+        "--database-url",
+        db_url,
+    )
     assert code == 0, err
     secret = out.strip()
     assert secret.startswith("cvt_") and "\n" not in secret
@@ -42,8 +52,9 @@ def test_tokens_create_list_and_revoke(db_url: str) -> None:
     assert code == 0 and f"token {token_id} revoked" in out
     code, _, err = cli("tokens", "revoke", "000000000000", "--database-url", db_url)
     assert code == 3 and "no token with id" in err
-    code, _, err = cli("tokens", "create", "--tenant", "bad tenant!", "--role", "read",
-                       "--database-url", db_url)
+    code, _, err = cli(
+        "tokens", "create", "--tenant", "bad tenant!", "--role", "read", "--database-url", db_url
+    )
     assert code == 2 and "tenant" in err
 
 
@@ -66,9 +77,22 @@ def served(db_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), CONVEYOR_DATABASE_URL=db_url)
     log = open(tmp_path / "serve.err", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "serve", APP, "--database-url", db_url,
-         "--port", str(port), "--with-worker"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
+        [
+            sys.executable,
+            "-m",
+            "conveyor",
+            "serve",
+            APP,
+            "--database-url",
+            db_url,
+            "--port",
+            str(port),
+            "--with-worker",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
     )
     log.close()
     try:

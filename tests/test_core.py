@@ -34,7 +34,7 @@ def test_every_status_and_event_pair_is_either_in_the_table_or_illegal() -> None
 
 
 def test_terminal_statuses_have_no_way_out() -> None:
-    for (source, _event) in TRANSITIONS:
+    for source, _event in TRANSITIONS:
         assert not source.terminal
 
 
@@ -73,8 +73,16 @@ def test_backoff_parse_and_validation() -> None:
 
 
 def test_failure_retries_until_attempts_are_spent() -> None:
-    common = {"job_id": "j", "token": 1, "max_attempts": 3, "error": "x", "backoff_base": 1,
-              "backoff_cap": 10, "jitter": 0.5, "outcome": Outcome.FAILED}
+    common = {
+        "job_id": "j",
+        "token": 1,
+        "max_attempts": 3,
+        "error": "x",
+        "backoff_base": 1,
+        "backoff_cap": 10,
+        "jitter": 0.5,
+        "outcome": Outcome.FAILED,
+    }
     assert after_failure(attempt=1, **common).status is Status.QUEUED  # type: ignore[arg-type]
     assert after_failure(attempt=3, **common).status is Status.FAILED  # type: ignore[arg-type]
     final = after_failure(attempt=1, final=True, **common)  # type: ignore[arg-type]

@@ -57,6 +57,7 @@ async def test_a_child_that_ignores_cancellation_is_killed(iso: Conveyor) -> Non
     job = await iso.submit("ignores_cancel", {})
     after = await iso.submit("crunch_async", {"n": 10})
     async with running_worker(iso, lease=0.6, cancel_grace=0.5):
+
         async def running() -> bool:
             return (await job.refresh()).status is Status.RUNNING
 

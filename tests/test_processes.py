@@ -158,7 +158,6 @@ async def test_second_signal_stops_at_once(client: Conveyor, workers: WorkerProc
     assert [a.outcome for a in await job.attempts()] == [Outcome.LOST]
 
 
-
 async def test_sigkill_at_60_percent_resumes_from_the_last_checkpoint(
     client: Conveyor, workers: WorkerProcesses
 ) -> None:

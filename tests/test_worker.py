@@ -143,9 +143,7 @@ async def test_cancel_of_a_running_async_job(app: Conveyor) -> None:
     assert [a.outcome for a in await job.attempts()] == [Outcome.CANCELLED]
 
 
-async def test_cpu_bound_async_handler_does_not_lose_its_lease(
-    app: Conveyor, db_url: str
-) -> None:
+async def test_cpu_bound_async_handler_does_not_lose_its_lease(app: Conveyor, db_url: str) -> None:
     """The event loop is blocked for 2.5 leases; the heartbeat thread keeps the lease."""
     stop = threading.Event()
     rescued: list[str] = []
