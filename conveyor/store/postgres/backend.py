@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import operator
@@ -52,6 +51,7 @@ from conveyor.errors import (
     NotAConveyorDatabase,
 )
 from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store.protocol import (
     Beat,
     HealthCounts,
@@ -151,24 +151,7 @@ def _dumps(value: JSON) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
-# The columns a Job is read from, in the order _job_of takes them.
-_JOB_COLUMNS = (
-    "id", "type", "queue", "tenant", "payload", "status", "priority", "attempt",
-    "max_attempts", "run_at", "created_at", "timeout", "lease_seconds", "backoff_base",
-    "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
-    "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
-    "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
-    "lease_expires_at", "lease_token", "cancel_requested",
-)  # fmt: skip
-_STATUS = {s.value: s for s in Status}
-_pick_job = operator.itemgetter(*_JOB_COLUMNS)
-
-
-@functools.lru_cache(maxsize=32)
-def _picker(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """Pick the job columns out of a tuple row of ``names``, by position."""
-    index = {name: i for i, name in enumerate(names)}
-    return operator.itemgetter(*(index[c] for c in _JOB_COLUMNS))
+_pick_job = operator.itemgetter(*JOB_COLUMNS)  # a dict row's job columns, by name
 
 
 async def _fetch_jobs(conn: Connection, query: str, params: Mapping[str, Any]) -> list[Job]:
@@ -178,7 +161,7 @@ async def _fetch_jobs(conn: Connection, query: str, params: Mapping[str, Any]) -
         rows = await cursor.fetchall()
         if not rows or cursor.description is None:
             return []
-        pick = _picker(tuple(d.name for d in cursor.description))
+        pick = job_picker(tuple(d.name for d in cursor.description))
         return [_job_of(*pick(row)) for row in rows]
 
 
@@ -204,7 +187,7 @@ def _job_of(
         queue=queue,
         tenant=tenant,
         payload=payload,
-        status=_STATUS[status],
+        status=STATUS[status],
         priority=priority,
         attempt=attempt,
         max_attempts=max_attempts,
@@ -437,7 +420,7 @@ def _insert_batch(
             row = created.pop(jobs[i].id, None)
             if row is not None:
                 stored = jobs[i].stored(
-                    _STATUS[row["status"]], _utc(row["run_at"]), _utc(row["created_at"])
+                    STATUS[row["status"]], _utc(row["run_at"]), _utc(row["created_at"])
                 )
                 results[i] = Submitted(stored, created=True)
             else:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
-import operator
 import os
 import sqlite3
 import threading
@@ -46,6 +44,7 @@ from conveyor.errors import (
     NotAConveyorDatabase,
 )
 from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store._rows import STATUS, job_picker
 from conveyor.store.protocol import (
     Beat,
     HealthCounts,
@@ -96,37 +95,17 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     return rows[0] if rows else None
 
 
-# The columns a Job is read from, in the order _job_of takes them.
-_JOB_COLUMNS = (
-    "id", "type", "queue", "tenant", "payload", "status", "priority", "attempt",
-    "max_attempts", "run_at", "created_at", "timeout", "lease_seconds", "backoff_base",
-    "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
-    "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
-    "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
-    "lease_expires_at", "lease_token", "cancel_requested",
-)  # fmt: skip
-_STATUS = {s.value: s for s in Status}
-
-
-@functools.lru_cache(maxsize=32)
-def _picker(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """Pick the job columns out of a row of ``names``, by position (a row's by-name
-    look-up compares every column name in turn, and a claim reads thousands a second)."""
-    index = {name: i for i, name in enumerate(names)}
-    return operator.itemgetter(*(index[c] for c in _JOB_COLUMNS))
-
-
 def _jobs(cursor: sqlite3.Cursor) -> list[Job]:
     """Read every row of a query of conveyor_jobs as a Job."""
     rows = cursor.fetchall()
     if not rows:
         return []
-    pick = _picker(tuple(d[0] for d in cursor.description))
+    pick = job_picker(tuple(d[0] for d in cursor.description))
     return [_job_of(*pick(row)) for row in rows]
 
 
 def _job(row: sqlite3.Row) -> Job:
-    return _job_of(*_picker(tuple(row.keys()))(row))
+    return _job_of(*job_picker(tuple(row.keys()))(row))
 
 
 def _job_of(
@@ -147,7 +126,7 @@ def _job_of(
         queue=queue,
         tenant=tenant,
         payload=json.loads(payload),
-        status=_STATUS[status],
+        status=STATUS[status],
         priority=priority,
         attempt=attempt,
         max_attempts=max_attempts,
@@ -452,7 +431,7 @@ class SQLiteStore:
                     continue
                 _, status, run_at, created_at = row
                 stored = job.stored(
-                    _STATUS[status],
+                    STATUS[status],
                     datetime.fromtimestamp(run_at, UTC),
                     datetime.fromtimestamp(created_at, UTC),
                 )
