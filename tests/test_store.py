@@ -4,6 +4,7 @@ PostgreSQL database), with the store's clock pinned so lease expiry is determini
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -266,3 +267,39 @@ async def test_workers_and_queues_are_listed(store: Store) -> None:
 
 async def test_migrate_is_idempotent(store: Store) -> None:
     assert await store.migrate() == []
+
+
+async def test_sqlite_watcher_wakes_for_other_connections_commits_not_its_own(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A draining worker commits every few milliseconds; those commits must not wake it,
+    and another process's submit in the middle of them still must."""
+    url = f"sqlite:///{tmp_path / 'watched.db'}"
+    ours, theirs = create_store(url), create_store(url)
+    await ours.open()
+    await theirs.open()
+    try:
+        # The first call starts the watcher, whose first look wakes waiters once.
+        while await ours.wait_for_jobs(0.05) or not await _times_out(ours, 0.3):
+            pass
+        waiter = asyncio.create_task(ours.wait_for_jobs(30))
+        for n in range(50):
+            await ours.submit([new(f"own-{n}")])
+        await asyncio.sleep(0.1)  # 50 watcher polls
+        assert not waiter.done(), "the store's own commits woke it"
+        for n in range(20):  # keep committing while the other connection commits once
+            await ours.submit([new(f"more-{n}")])
+            if n == 10:
+                await theirs.submit([new("theirs")])
+        await asyncio.wait_for(waiter, 10)
+    finally:
+        await ours.close()
+        await theirs.close()
+
+
+async def _times_out(store: Store, seconds: float) -> bool:
+    """Whether ``wait_for_jobs`` ran its whole timeout (nothing woke it)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await store.wait_for_jobs(seconds)
+    return loop.time() - start >= seconds * 0.9

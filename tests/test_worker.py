@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 
-from conveyor import Cancel, Conveyor, JobContext, Outcome, Retry, Status
-from conveyor.store import create_store
+from conveyor import Cancel, Conveyor, JobContext, Outcome, Retry, Status, Submission
+from conveyor.core.model import Settlement
+from conveyor.store import Store, create_store
 from tests.helpers import eventually, running_worker, settled
 
 
@@ -422,3 +424,38 @@ async def test_ten_thousand_progress_calls_cost_a_few_writes(db_url: str) -> Non
         await app.close()
     assert 1 <= counts["progress_writes"] <= 6  # about one a second, plus the final settle
     assert job.progress is not None and job.progress.done == 10_000
+
+
+async def test_a_worker_holds_at_most_one_batch_awaiting_its_settle(app: Conveyor) -> None:
+    """When the database takes results slowly, the worker claims less instead of piling up
+    finished jobs and their leases (each heartbeat would renew them all)."""
+
+    @app.job()
+    async def quick(ctx: JobContext) -> None:
+        return None
+
+    jobs = await app.submit_many([Submission("quick", {}) for _ in range(60)])
+    new_store = app.new_store
+
+    def slow_settling_store() -> Store:
+        store = new_store()
+        settle = store.settle
+
+        async def slow_settle(settlements: Sequence[Settlement]) -> list[str]:
+            await asyncio.sleep(0.1)
+            return await settle(settlements)
+
+        store.settle = slow_settle  # type: ignore[method-assign]
+        return store
+
+    app.new_store = slow_settling_store  # type: ignore[method-assign]
+    most = 0
+    async with running_worker(app, concurrency=4) as worker:
+        while any(j.status is not Status.SUCCEEDED for j in jobs):
+            most = max(most, len(worker.held()))
+            await asyncio.sleep(0.005)
+            for j in jobs:
+                if j.status is not Status.SUCCEEDED:
+                    await j.refresh()
+                    break
+    assert 4 <= most <= 8, f"{most} leases held by a worker of 4 slots"
