@@ -154,8 +154,14 @@ def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
     record = tmp_path / "holds.log"
     command = [sys.executable, "-m", "tests.apps.leases", db_url, "500", str(record)]
     racers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL) for _ in range(2)]
-    for racer in racers:
-        assert racer.wait(300) == 0
+    try:
+        codes = [racer.wait(300) for racer in racers]
+    finally:
+        for racer in racers:  # one failing must not leave the other running
+            if racer.poll() is None:
+                racer.kill()
+                racer.wait()
+    assert codes == [0, 0]
     holds = []
     for line in record.read_text().splitlines():
         pid, token, start, end = line.split()
@@ -165,3 +171,23 @@ def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
     assert len({h[0] for h in holds}) == len(holds), "every holding has its own token"
     for (_, _, end, _), (_, start, _, _) in itertools.pairwise(holds):
         assert end <= start, "two holders at once"
+
+
+def test_processes_opening_a_new_sqlite_file_at_the_same_instant_all_succeed(
+    tmp_path: Path,
+) -> None:
+    """SQLite may refuse the switch to WAL at once, without waiting, while another process
+    opens the same new file: opening tries again instead of failing."""
+    failures = []
+    for round_ in range(10):
+        url = f"sqlite:///{tmp_path / f'new-{round_}.db'}"
+        start_at = f"{time.time() + 1.0:.6f}"
+        command = [sys.executable, "-m", "tests.apps.opener", url, start_at]
+        openers = [
+            subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) for _ in range(4)
+        ]
+        for opener in openers:
+            _, err = opener.communicate(timeout=120)
+            if opener.returncode != 0:
+                failures.append(err.strip().splitlines()[-1])
+    assert not failures, failures

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -93,6 +94,27 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     """Return the first row and step the statement to its end, so no statement stays open."""
     rows = cursor.fetchall()
     return rows[0] if rows else None
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> str:
+    """Put the file in WAL mode (a no-op once it is); return the journal mode it is in.
+
+    When several processes open a new file at once, SQLite can refuse the switch with
+    "database is locked" at once, without waiting for the busy timeout (it does so
+    where waiting could deadlock: this connection reads the file while another waits to
+    write it). The refused statement holds no lock, so trying again soon succeeds.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            mode: str = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            return mode
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 2, 0.1)
 
 
 def _jobs(cursor: sqlite3.Cursor) -> list[Job]:
@@ -302,7 +324,7 @@ class SQLiteStore:
             )
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc) or "malformed" in str(exc):
