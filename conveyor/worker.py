@@ -52,7 +52,6 @@ log = logging.getLogger("conveyor.worker")
 
 # Results that are JSON as they are: no need to serialise them to find out.
 _PLAIN = frozenset({str, int, bool})
-_SUCCEEDED = transition(Status.RUNNING, Event.SUCCEED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,11 +429,10 @@ class Worker:
                 f"the handler returned a result that is not JSON ({exc}); return plain data",
                 final=True,
             )
-        return Settlement(
-            job_id=job.id,
-            token=job.lease_token,
-            status=_SUCCEEDED,
-            outcome=Outcome.SUCCEEDED,
+        return self._settlement(
+            run,
+            Event.SUCCEED,
+            Outcome.SUCCEEDED,
             result=result,
             result_ref=None if ctx.result_ref is None else str(ctx.result_ref),
         )
@@ -446,6 +444,7 @@ class Worker:
         outcome: Outcome | None,
         *,
         result: JSON = None,
+        result_ref: str | None = None,
         error: str | None = None,
     ) -> Settlement:
         return Settlement(
@@ -454,6 +453,7 @@ class Worker:
             status=transition(Status.RUNNING, event),
             outcome=outcome,
             result=result,
+            result_ref=result_ref,
             error=error,
         )
 

@@ -82,10 +82,6 @@ def _epoch(value: datetime) -> float:
     return value.timestamp()
 
 
-def _loads(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
-
-
 def _dumps(value: JSON) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
@@ -728,7 +724,7 @@ class SQLiteStore:
                     s.job_id,
                     s.token,
                     status.value,
-                    None if s.result is None else json.dumps(s.result, separators=(",", ":")),
+                    _dumps(s.result),
                     s.result_ref,
                     error,
                     s.retry_delay,
@@ -1241,14 +1237,15 @@ class SQLiteStore:
         stop = self._watch_stop
         path = self.path
         executor = self._executor
-        seen: list[int | None] = [None]  # the store connection's data_version, last read
+        seen: int | None = None  # the store connection's data_version, last read
         checking = threading.Event()  # a check is queued on the store's thread
 
         def check(conn: sqlite3.Connection) -> None:
+            nonlocal seen
             try:
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
-                if version != seen[0]:
-                    seen[0] = version
+                if version != seen:
+                    seen = version
                     loop.call_soon_threadsafe(wake.set)
             except (sqlite3.Error, RuntimeError):
                 pass
