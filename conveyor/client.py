@@ -73,7 +73,6 @@ from conveyor.errors import (
 from conveyor.store import (
     HealthCounts,
     JobPageQuery,
-    JobQuery,
     LeaseRecord,
     QueueInfo,
     Retention,
@@ -538,8 +537,11 @@ class Conveyor:
             raise ConfigurationError(f"{exc}; known statuses: {known}") from None
         if not 1 <= limit <= 1000:
             raise ConfigurationError("limit must be between 1 and 1000")
-        query = JobQuery(status=statuses, type=type, queue=queue, before_id=before_id, limit=limit)
-        jobs = await (await self.store()).list_jobs(query)
+        store = await self.store()
+        anchor = await store.get(before_id) if before_id is not None else None
+        after = (anchor.created_at, anchor.id) if anchor is not None else None
+        query = JobPageQuery(status=statuses, type=type, queue=queue, after=after, limit=limit)
+        jobs = await store.page_jobs(query)
         return [JobHandle(self, j) for j in jobs]
 
     async def attempts(self, job_id: str) -> list[Attempt]:
@@ -586,13 +588,13 @@ class Conveyor:
 
     async def children(self, job_id: str, *, limit: int = 1000) -> list[JobHandle]:
         """Return a job's direct children, newest first."""
-        jobs = await (await self.store()).list_jobs(JobQuery(parent_id=job_id, limit=limit))
+        jobs = await (await self.store()).page_jobs(JobPageQuery(parent_id=job_id, limit=limit))
         return [JobHandle(self, j) for j in jobs]
 
     async def tree(self, root_id: str, *, limit: int = 10_000) -> list[JobHandle]:
         """Return a job and every job below it (``root_id`` links them), oldest first."""
         root = await self.get(root_id)
-        below = await (await self.store()).list_jobs(JobQuery(root_id=root_id, limit=limit))
+        below = await (await self.store()).page_jobs(JobPageQuery(root_id=root_id, limit=limit))
         return [root, *sorted((JobHandle(self, j) for j in below), key=lambda h: h.id)]
 
     async def workers(self) -> list[WorkerInfo]:
