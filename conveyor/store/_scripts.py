@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -35,7 +35,7 @@ from conveyor.core.lifecycle import (
     transition,
 )
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Outcome, Settlement, after_failure
-from conveyor.errors import InvalidState
+from conveyor.errors import InvalidDependency, InvalidState
 from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
@@ -217,6 +217,39 @@ def worker_info(dialect: Dialect, row: Row) -> WorkerInfo:
         heartbeat_at=dialect.time(row["heartbeat_at"]),
         stopped_at=dialect.time(row["stopped_at"]),
     )
+
+
+def worker_params(worker: WorkerInfo) -> dict[str, Any]:
+    """Return register_worker's parameters (the queues as a list)."""
+    return {
+        "id": worker.id,
+        "hostname": worker.hostname,
+        "pid": worker.pid,
+        "queues": list(worker.queues),
+        "concurrency": worker.concurrency,
+    }
+
+
+def token_params(token: Token) -> dict[str, Any]:
+    """Return create_token's parameters (the creation time as a datetime)."""
+    return {
+        "id": token.id,
+        "tenant": token.tenant,
+        "role": token.role.value,
+        "secret_hash": token.secret_hash,
+        "name": token.name,
+        "created_at": token.created_at,
+    }
+
+
+def check_dependencies(job: NewJob, found: Collection[str]) -> None:
+    """Refuse a job that depends on jobs that do not exist."""
+    missing = [d for d in job.depends_on if d not in found]
+    if missing:
+        raise InvalidDependency(
+            f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
+            "submit those first (or in the same batch, before it)"
+        )
 
 
 def dumps(value: JSON) -> str | None:

@@ -19,10 +19,9 @@ from psycopg.types.json import JsonLoader
 
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
-from conveyor.errors import InvalidDependency
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
-from conveyor.store._scripts import Row, Script, drive, dumps
+from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
 from conveyor.store.protocol import Submitted
 
 T = TypeVar("T")
@@ -257,12 +256,7 @@ def _insert_dependent(job: NewJob, now: datetime | None) -> Script[Submitted]:
     """Insert a job with dependencies: pending, queued when all succeeded, or cancelled."""
     rows = yield "lock_dependencies", {"ids": list(job.depends_on)}
     found = {row["id"]: Status(row["status"]) for row in rows}
-    missing = [d for d in job.depends_on if d not in found]
-    if missing:
-        raise InvalidDependency(
-            f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
-            "submit those first (or in the same batch, before it)"
-        )
+    check_dependencies(job, found)
     done = all(status is Status.SUCCEEDED for status in found.values())
     (submitted,) = yield from _insert_batch([job], now, Status.QUEUED if done else Status.PENDING)
     if not submitted.created:

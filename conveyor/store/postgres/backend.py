@@ -34,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
-from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
+from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
 from conveyor.store.postgres._codec import (
@@ -61,6 +61,7 @@ from conveyor.store.postgres._connection import (
     reason,
     redact,
 )
+from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
     Beat,
     HealthCounts,
@@ -167,10 +168,11 @@ class PostgresStore:
                 self.url, autocommit=True, row_factory=dict_row, **self._kwargs
             )
         except psycopg.OperationalError as exc:
-            why = reason(exc)
-            raise DatabaseUnavailable(
-                f"cannot connect to {describe(self._params)}: {why}. {advice(why)}"
-            ) from None
+            raise self._unavailable(exc) from None
+
+    def _unavailable(self, exc: psycopg.OperationalError) -> DatabaseUnavailable:
+        why = reason(exc)
+        return DatabaseUnavailable(f"cannot connect to {self._where()}: {why}. {advice(why)}")
 
     async def _run(
         self, work: Callable[[Connection], Awaitable[T]], *, timeout: float = _ACQUIRE_TIMEOUT
@@ -315,9 +317,7 @@ class PostgresStore:
     async def open(self) -> None:
         if self._pool is not None:
             return
-        conn = await self._connect()
-        async with conn:
-            version = await self._schema_version(conn)
+        version = await asyncio.to_thread(self._schema_version)
         if version < len(_MIGRATIONS):
             if not self._auto_migrate:
                 raise ConfigurationError(
@@ -369,41 +369,28 @@ class PostgresStore:
             max_workers=_TX_POOL_MAX, thread_name_prefix="conveyor-postgres-tx"
         )
 
-    async def _schema_version(self, conn: Connection) -> int:
-        found = await (await conn.execute(_Q["schema_tables"])).fetchone()
-        if found is None or not found["migrations"]:
-            if found is not None and found["jobs"]:
-                raise NotAConveyorDatabase(
-                    f"database {describe(self._params)} has a conveyor_jobs table that "
-                    "conveyor's migrations did not create: use another database or schema"
-                )
-            # Other tables are expected: conveyor usually shares the application's database.
-            return 0
-        row = await (await conn.execute(_Q["schema_version"])).fetchone()
-        return int(row["version"]) if row is not None else 0
+    def _connect_sync(self) -> SyncConnection:
+        """Open a blocking connection of our own, or raise DatabaseUnavailable."""
+        try:
+            return psycopg.connect(self.url, autocommit=True, row_factory=dict_row, **self._kwargs)
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from None
+
+    def _schema_version(self) -> int:
+        with self._connect_sync() as conn:
+            return schema_version(conn, self._where())
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations on a connection of its own, under an advisory lock."""
-        conn = await self._connect()
-        async with conn:
-            await self._schema_version(conn)  # refuses a database that is not conveyor's
-            async with conn.transaction():
-                await conn.execute(_Q["lock_migrations"])
-                await conn.execute(_Q["create_migrations_table"])
-                rows = await (await conn.execute(_Q["applied_migrations"])).fetchall()
-                done = {row["version"] for row in rows}
-                applied = []
-                for version, name, sql in _MIGRATIONS:
-                    if version in done:
-                        continue
-                    await conn.execute(sql)
-                    await conn.execute(
-                        _Q["record_migration"],
-                        {"version": version, "name": name, "now": self._now()},
-                    )
-                    applied.append(name)
+
+        def run() -> list[str]:
+            with self._connect_sync() as conn:
+                schema_version(conn, self._where())  # refuses a database not conveyor's
+                return apply_migrations(conn, _MIGRATIONS, self._now())
+
+        applied = await asyncio.to_thread(run)
         if applied:
-            log.info("applied migrations to %s: %s", describe(self._params), ", ".join(applied))
+            log.info("applied migrations to %s: %s", self._where(), ", ".join(applied))
         return applied
 
     async def close(self) -> None:
@@ -657,14 +644,7 @@ class PostgresStore:
     # -- workers and queues -------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo) -> None:
-        params = {
-            "id": worker.id,
-            "hostname": worker.hostname,
-            "pid": worker.pid,
-            "queues": list(worker.queues),
-            "concurrency": worker.concurrency,
-            "now": self._now(),
-        }
+        params = scripts.worker_params(worker) | {"now": self._now()}
         await self._execute("register_worker", params)
 
     async def deregister_worker(self, worker_id: str) -> None:
@@ -777,15 +757,7 @@ class PostgresStore:
         )
 
     async def create_token(self, token: Token) -> None:
-        params = {
-            "id": token.id,
-            "tenant": token.tenant,
-            "role": token.role.value,
-            "secret_hash": token.secret_hash,
-            "name": token.name,
-            "created_at": token.created_at,
-        }
-        await self._execute("create_token", params)
+        await self._execute("create_token", scripts.token_params(token))
 
     async def find_token(self, token_id: str) -> Token | None:
         rows = await self._fetch("find_token", {"id": token_id})

@@ -14,9 +14,8 @@ from typing import Any
 
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress
-from conveyor.errors import InvalidDependency
 from conveyor.store._rows import STATUS, job_picker
-from conveyor.store._scripts import Row, Script, dumps
+from conveyor.store._scripts import Row, Script, check_dependencies, dumps
 from conveyor.store.protocol import Submitted
 
 
@@ -195,12 +194,7 @@ def _insert(job: NewJob, params: dict[str, Any]) -> Script[Submitted]:
     if job.depends_on:
         rows = yield "get_many", {"ids": list(job.depends_on)}
         found = {r["id"]: Status(r["status"]) for r in rows}
-        missing = [d for d in job.depends_on if d not in found]
-        if missing:
-            raise InvalidDependency(
-                f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
-                "submit those first (or in the same batch, before it)"
-            )
+        check_dependencies(job, found)
         if all(st is Status.SUCCEEDED for st in found.values()):
             params = params | {"status": Status.QUEUED.value}
         blocked_by = next(

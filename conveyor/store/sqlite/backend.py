@@ -445,14 +445,7 @@ class SQLiteStore:
     # -- workers and queues -------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo) -> None:
-        params = {
-            "id": worker.id,
-            "hostname": worker.hostname,
-            "pid": worker.pid,
-            "queues": json.dumps(list(worker.queues)),
-            "concurrency": worker.concurrency,
-            "now": self._clock(),
-        }
+        params = encode(scripts.worker_params(worker), self._clock())
         await self._write(lambda conn: conn.execute(_Q["register_worker"], params))
 
     async def deregister_worker(self, worker_id: str) -> None:
@@ -530,14 +523,7 @@ class SQLiteStore:
         )
 
     async def create_token(self, token: Token) -> None:
-        params = {
-            "id": token.id,
-            "tenant": token.tenant,
-            "role": token.role.value,
-            "secret_hash": token.secret_hash,
-            "name": token.name,
-            "created_at": epoch(token.created_at),
-        }
+        params = encode(scripts.token_params(token), self._clock())
         await self._write(lambda conn: conn.execute(_Q["create_token"], params))
 
     async def find_token(self, token_id: str) -> Token | None:
