@@ -40,6 +40,7 @@ from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
     Limits,
+    QueueInfo,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -217,6 +218,19 @@ def worker_info(dialect: Dialect, row: Row) -> WorkerInfo:
         heartbeat_at=dialect.time(row["heartbeat_at"]),
         stopped_at=dialect.time(row["stopped_at"]),
     )
+
+
+def queue_infos(rows: Sequence[Row]) -> list[QueueInfo]:
+    """Read the rows of the queues query: one per queue and status, or per idle queue."""
+    counts: dict[str, dict[str, int]] = {}
+    paused: dict[str, bool] = {}
+    for row in rows:
+        name = row["name"]
+        paused[name] = bool(row["paused"])
+        bucket = counts.setdefault(name, {})
+        if row["status"] is not None:
+            bucket[row["status"]] = int(row["n"])
+    return [QueueInfo(name, paused[name], counts[name]) for name in sorted(counts)]
 
 
 def worker_params(worker: WorkerInfo) -> dict[str, Any]:

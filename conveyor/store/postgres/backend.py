@@ -654,15 +654,7 @@ class PostgresStore:
         return [scripts.worker_info(DIALECT, row) for row in await self._fetch("workers")]
 
     async def queues(self) -> list[QueueInfo]:
-        counts: dict[str, dict[str, int]] = {}
-        paused: dict[str, bool] = {}
-        for row in await self._fetch("queues"):
-            name = row["name"]
-            paused[name] = bool(row["paused"])
-            bucket = counts.setdefault(name, {})
-            if row["status"] is not None:
-                bucket[row["status"]] = int(row["n"])
-        return [QueueInfo(name, paused[name], counts[name]) for name in sorted(counts)]
+        return scripts.queue_infos(await self._fetch("queues"))
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         params = {"name": queue, "paused": paused, "now": self._now()}

@@ -456,15 +456,7 @@ class SQLiteStore:
         return [scripts.worker_info(DIALECT, r) for r in await self._rows("workers")]
 
     async def queues(self) -> list[QueueInfo]:
-        def read(conn: sqlite3.Connection) -> list[QueueInfo]:
-            counts: dict[str, dict[str, int]] = {}
-            for r in conn.execute(_Q["queue_counts"]):
-                counts.setdefault(r["queue"], {})[r["status"]] = r["n"]
-            paused = {r["name"]: bool(r["paused"]) for r in conn.execute(_Q["paused_queues"])}
-            names = sorted(set(counts) | set(paused))
-            return [QueueInfo(n, paused.get(n, False), counts.get(n, {})) for n in names]
-
-        return await self._run(read)
+        return scripts.queue_infos(await self._rows("queues"))
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         params = {"name": queue, "paused": int(paused), "now": self._clock()}

@@ -195,13 +195,14 @@ SELECT * FROM conveyor_workers
 ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
 LIMIT 200;
 
--- name: queue_counts
--- Number of jobs per queue and status.
-SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status;
-
--- name: paused_queues
--- Every queue with a pause record.
-SELECT name, paused FROM conveyor_queues;
+-- name: queues
+-- Every queue that has jobs or a pause record, with its number of jobs per status.
+SELECT c.queue AS name, coalesce(q.paused, 0) AS paused, c.status, c.n
+FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status) AS c
+LEFT JOIN conveyor_queues AS q ON q.name = c.queue
+UNION ALL
+SELECT q.name, q.paused, NULL, NULL FROM conveyor_queues AS q
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.queue = q.name);
 
 -- name: set_paused
 -- Pause or resume claiming from a queue.
