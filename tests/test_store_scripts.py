@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +22,9 @@ from conveyor.store import _scripts
 from conveyor.store._queries import load_queries
 from conveyor.store.protocol import Lease
 from conveyor.store.sqlite import _codec as sqlite_codec
+
+if TYPE_CHECKING:
+    from conveyor.store.postgres import PostgresStore
 
 _NAMED = re.compile(r'yield \(?\s*"(\w+)"')
 
@@ -44,7 +48,7 @@ psycopg = pytest.importorskip("psycopg")
 
 
 @pytest.fixture
-async def store(postgres_database: str) -> AsyncIterator[object]:
+async def store(postgres_database: str) -> AsyncIterator[PostgresStore]:
     from conveyor.store.postgres import PostgresStore
 
     s = PostgresStore(postgres_database)
@@ -57,11 +61,8 @@ def _new(job_id: str, **kw: object) -> NewJob:
     return NewJob(id=job_id, type="t", payload={}, **kw)  # type: ignore[arg-type]
 
 
-async def _waiting_parent_with_running_child(store: object) -> Lease:
+async def _waiting_parent_with_running_child(store: PostgresStore) -> Lease:
     """Make a waiting parent 'p' whose one child 'c' is running; return the child's lease."""
-    from conveyor.store.postgres import PostgresStore
-
-    assert isinstance(store, PostgresStore)
     await store.submit([_new("p")])
     (parent,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
     held = Lease(parent.id, parent.lease_token)
@@ -76,7 +77,7 @@ async def _waiting_parent_with_running_child(store: object) -> Lease:
 
 
 async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
-    store: object, postgres_database: str
+    store: PostgresStore, postgres_database: str
 ) -> None:
     """A settle whose transaction is under way when the loop blocks still commits.
 
@@ -86,9 +87,6 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
     within 1 s: a transaction driven from the loop would sit 'idle in transaction' with
     the row locked until the loop came back.
     """
-    from conveyor.store.postgres import PostgresStore
-
-    assert isinstance(store, PostgresStore)
     child = await _waiting_parent_with_running_child(store)
     holder = await psycopg.AsyncConnection.connect(postgres_database)
     observer = await psycopg.AsyncConnection.connect(postgres_database, autocommit=True)
@@ -108,7 +106,7 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
             "AND wait_event_type = 'Lock' AND application_name = 'conveyor'"
         )
         deadline = time.monotonic() + 10
-        while (await (await observer.execute(waiting)).fetchone())[0] == 0:  # type: ignore[index]
+        while (await (await observer.execute(waiting)).fetchone())[0] == 0:
             assert time.monotonic() < deadline, "the settle never reached the children lock"
             await asyncio.sleep(0.01)
         seen: dict[str, object] = {}
@@ -124,9 +122,8 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
     assert (await store.get("p")).status is Status.SUCCEEDED  # type: ignore[union-attr]
 
 
-def _probe(url: str, holder: object, seen: dict[str, object]) -> None:
+def _probe(url: str, holder: Any, seen: dict[str, object]) -> None:
     """From another thread: release the children lock, then renew the child's row."""
-    assert isinstance(holder, psycopg.AsyncConnection)
     with psycopg.connect(url, autocommit=True) as conn:
         # The holder is an async connection owned by the (blocked) loop: end its
         # transaction from here by terminating its backend.
