@@ -159,15 +159,17 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
     }
 
 
-def submit_steps(jobs: Sequence[NewJob]) -> Script[list[Submitted]]:
-    """Insert jobs; an existing id or active unique key returns its job.
+def submit_steps(jobs: Sequence[NewJob], now: float | None = None) -> Script[list[Submitted]]:
+    """Insert jobs submitted at ``now`` (None: ask the runner's clock); an existing id or
+    active unique key returns its job.
 
     Without dependencies (which must find the jobs before them), many jobs go in one
     statement; those it did not create (an id or unique key taken) take the one-by-one
     path, which finds the job holding it.
     """
-    (clock,) = yield "now", {}
-    now: float = clock["now"]
+    if now is None:
+        (clock,) = yield "now", {}
+        now = float(clock["now"])
     rows = [new_job_params(job, now) for job in jobs]
     created: dict[str, Any] = {}
     if len(jobs) > 1 and not any(job.depends_on for job in jobs):

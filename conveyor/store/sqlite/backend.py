@@ -221,7 +221,12 @@ class SQLiteStore:
             )
         if not jobs:
             return []
-        return await self._script(submit_steps(jobs))
+
+        def submit(conn: sqlite3.Connection) -> list[Submitted]:
+            now = self._clock()  # one reading, under the write lock, for the whole batch
+            return self._drive(conn, submit_steps(jobs, now), now)
+
+        return await self._write(submit)
 
     async def get(self, job_id: str) -> Job | None:
         rows = await self._rows("get", {"id": job_id})
