@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,6 +23,7 @@ from conveyor.core.model import NewJob, Outcome, Settlement
 from conveyor.store import _scripts
 from conveyor.store._queries import load_queries
 from conveyor.store.protocol import Lease
+from conveyor.store.sqlite import SQLiteStore
 from conveyor.store.sqlite import _codec as sqlite_codec
 
 if TYPE_CHECKING:
@@ -42,13 +45,12 @@ def test_sqlite_submit_steps_name_only_sqlite_queries() -> None:
     assert names and not names - set(load_queries("conveyor.store.sqlite"))
 
 
-# -- PostgreSQL: no transaction held across an event-loop hop ----------------------------
-
-psycopg = pytest.importorskip("psycopg")
+# -- no transaction held across an event-loop hop ---------------------------------------
 
 
 @pytest.fixture
 async def store(postgres_database: str) -> AsyncIterator[PostgresStore]:
+    pytest.importorskip("psycopg")
     from conveyor.store.postgres import PostgresStore
 
     s = PostgresStore(postgres_database)
@@ -87,6 +89,8 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
     within 1 s: a transaction driven from the loop would sit 'idle in transaction' with
     the row locked until the loop came back.
     """
+    import psycopg
+
     child = await _waiting_parent_with_running_child(store)
     holder = await psycopg.AsyncConnection.connect(postgres_database)
     observer = await psycopg.AsyncConnection.connect(postgres_database, autocommit=True)
@@ -102,11 +106,11 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
         )
         settling = asyncio.ensure_future(store.settle([ending]))
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND application_name = 'conveyor'"
         )
         deadline = time.monotonic() + 10
-        while (await (await observer.execute(waiting)).fetchone())[0] == 0:
+        while not await (await observer.execute(waiting)).fetchall():
             assert time.monotonic() < deadline, "the settle never reached the children lock"
             await asyncio.sleep(0.01)
         seen: dict[str, object] = {}
@@ -124,6 +128,8 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
 
 def _probe(url: str, holder: Any, seen: dict[str, object]) -> None:
     """From another thread: release the children lock, then renew the child's row."""
+    import psycopg
+
     with psycopg.connect(url, autocommit=True) as conn:
         # The holder is an async connection owned by the (blocked) loop: end its
         # transaction from here by terminating its backend.
@@ -142,3 +148,50 @@ def _probe(url: str, holder: Any, seen: dict[str, object]) -> None:
             seen["renewed"] = True
         except psycopg.errors.LockNotAvailable:
             seen["renewed"] = False
+
+
+async def test_a_blocked_event_loop_holds_no_sqlite_transaction_open(tmp_path: Path) -> None:
+    """SQLite's transactions run to their commit on the store's thread, loop or no loop.
+
+    Another connection holds the write lock, so the store's cancel waits on its thread;
+    the loop then blocks for 2 s, during which the holder lets go and, a moment later,
+    must see the job cancelled and take the write lock again at once.
+    """
+    path = tmp_path / "conveyor.db"
+    store = SQLiteStore(str(path))
+    await store.open()
+    try:
+        await store.submit([_new("j")])
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        cancelling = asyncio.ensure_future(store.cancel("j", reason="stop"))
+        await asyncio.sleep(0)  # the cancel reaches the store's thread, which waits
+        seen: dict[str, object] = {}
+        probe = threading.Thread(target=_probe_sqlite, args=(path, holder, seen))
+        probe.start()
+        time.sleep(2)  # a handler blocking the event loop
+        probe.join()
+        job = await cancelling
+    finally:
+        await store.close()
+    assert job is not None and job.status is Status.CANCELLED
+    assert seen == {"status": "cancelled", "locked": True}, seen
+
+
+def _probe_sqlite(path: Path, holder: sqlite3.Connection, seen: dict[str, object]) -> None:
+    """From another thread: let the write lock go, then read the job and take the lock."""
+    holder.execute("ROLLBACK")
+    holder.close()
+    time.sleep(0.5)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0.5)
+    try:
+        (seen["status"],) = conn.execute(
+            "SELECT status FROM conveyor_jobs WHERE id = 'j'"
+        ).fetchone()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        seen["locked"] = True
+    except sqlite3.OperationalError:
+        seen["locked"] = False
+    finally:
+        conn.close()
