@@ -106,7 +106,7 @@ def now(dialect: Dialect) -> Script[datetime]:
     return _time(dialect, row["now"], "time")
 
 
-# -- row decoders ----------------------------------------------------------------------
+# -- rows read and parameters written ---------------------------------------------------
 
 
 def schedule_params(s: Schedule) -> dict[str, Any]:
@@ -256,16 +256,6 @@ def token_params(token: Token) -> dict[str, Any]:
     }
 
 
-def check_dependencies(job: NewJob, found: Collection[str]) -> None:
-    """Refuse a job that depends on jobs that do not exist."""
-    missing = [d for d in job.depends_on if d not in found]
-    if missing:
-        raise InvalidDependency(
-            f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
-            "submit those first (or in the same batch, before it)"
-        )
-
-
 def dumps(value: JSON) -> str | None:
     """Write a JSON document as compact text (None stays None)."""
     return None if value is None else json.dumps(value, separators=(",", ":"))
@@ -390,6 +380,9 @@ def _cancel_below(job_id: str, child: Row) -> Script[None]:
     yield from cascade([(child["id"], None, Status.CANCELLED)])
 
 
+# -- rescue ------------------------------------------------------------------------------
+
+
 def rescue_decisions(rows: Sequence[Row], jitter: float) -> list[Settlement]:
     """Decide what becomes of jobs whose lease expired: each attempt ends as ``lost``."""
     return [
@@ -422,6 +415,16 @@ def rescued(
 
 
 # -- submitting on behalf of others ----------------------------------------------------
+
+
+def check_dependencies(job: NewJob, found: Collection[str]) -> None:
+    """Refuse a job that depends on jobs that do not exist."""
+    missing = [d for d in job.depends_on if d not in found]
+    if missing:
+        raise InvalidDependency(
+            f"job {job.id!r} depends on jobs that do not exist: {', '.join(missing)}; "
+            "submit those first (or in the same batch, before it)"
+        )
 
 
 def retry(dialect: Dialect, job_id: str, new: NewJob) -> Script[Job | None]:
