@@ -128,7 +128,8 @@ class SQLiteStore:
         """Run a reading script outside any transaction."""
         return await self._run(lambda conn: self._drive(conn, script))
 
-    async def _rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+    async def _fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run one named read outside any transaction and return its rows."""
         return await self._run(lambda conn: conn.execute(_Q[name], params or {}).fetchall())
 
     # -- opening and migrating ----------------------------------------------------------
@@ -229,7 +230,7 @@ class SQLiteStore:
         return await self._write(submit)
 
     async def get(self, job_id: str) -> Job | None:
-        rows = await self._rows("get", {"id": job_id})
+        rows = await self._fetch("get", {"id": job_id})
         return job_of_row(rows[0]) if rows else None
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
@@ -237,7 +238,7 @@ class SQLiteStore:
         return await self._run(lambda conn: jobs_of(conn.execute(_Q["get_many"], params)))
 
     async def attempts(self, job_id: str) -> list[Attempt]:
-        rows = await self._rows("attempts", {"job_id": job_id})
+        rows = await self._fetch("attempts", {"job_id": job_id})
         return [scripts.attempt(DIALECT, r) for r in rows]
 
     async def cancel(self, job_id: str, *, reason: str) -> Job | None:
@@ -458,10 +459,10 @@ class SQLiteStore:
         await self._write(lambda conn: conn.execute(_Q["deregister_worker"], params))
 
     async def workers(self) -> list[WorkerInfo]:
-        return [scripts.worker_info(DIALECT, r) for r in await self._rows("workers")]
+        return [scripts.worker_info(DIALECT, r) for r in await self._fetch("workers")]
 
     async def queues(self) -> list[QueueInfo]:
-        return scripts.queue_infos(await self._rows("queues"))
+        return scripts.queue_infos(await self._fetch("queues"))
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         params = {"name": queue, "paused": int(paused), "now": self._clock()}
@@ -507,7 +508,7 @@ class SQLiteStore:
 
     async def health(self) -> HealthCounts:
         now = self._clock()
-        (r,) = await self._rows("health", {"now": now})
+        (r,) = await self._fetch("health", {"now": now})
         return HealthCounts(
             queued=r["queued"],
             due=r["due"],
@@ -524,7 +525,7 @@ class SQLiteStore:
         await self._write(lambda conn: conn.execute(_Q["create_token"], params))
 
     async def find_token(self, token_id: str) -> Token | None:
-        rows = await self._rows("find_token", {"id": token_id})
+        rows = await self._fetch("find_token", {"id": token_id})
         return scripts.token(DIALECT, rows[0]) if rows else None
 
     async def touch_token(self, token_id: str) -> None:
@@ -541,4 +542,4 @@ class SQLiteStore:
         return await self._write(revoke)
 
     async def list_tokens(self) -> list[Token]:
-        return [scripts.token(DIALECT, r) for r in await self._rows("list_tokens")]
+        return [scripts.token(DIALECT, r) for r in await self._fetch("list_tokens")]
