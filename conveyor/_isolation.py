@@ -30,8 +30,8 @@ from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
+    from conveyor._handles import JobHandle, Submission
     from conveyor._registry import JobType
-    from conveyor.client import JobHandle, Submission
 
 _PROGRESS_INTERVAL = 0.2  # the child sends progress to the parent at most this often
 

@@ -55,8 +55,8 @@ from conveyor.errors import (
     TokenNotFound,
     UnknownJobType,
 )
+from conveyor.remote import RemoteClient, RemoteJob
 from conveyor.store import Retention
-from conveyor.web.remote import RemoteClient, RemoteJob
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")

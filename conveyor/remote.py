@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from conveyor.client import JobView
+from conveyor._handles import JobView
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, Outcome, Progress
 from conveyor.errors import (
