@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from conveyor._handles import JobHandle, Submission
     from conveyor._host import WorkerHost
     from conveyor._registry import JobType
-    from conveyor.client import Conveyor
 
 log = logging.getLogger("conveyor.worker")
 
@@ -781,9 +780,9 @@ class _Heartbeat(threading.Thread):
                 pass
 
 
-def run_worker(app: Conveyor, options: WorkerOptions) -> None:
+def run_worker(app: WorkerHost, options: WorkerOptions) -> None:
     """Run a worker in this thread until it stops (a convenience for scripts)."""
-    asyncio.run(app.worker(options).run())
+    asyncio.run(Worker(app, options).run())
 
 
 __all__ = ["Worker", "WorkerOptions", "run_worker"]
