@@ -225,6 +225,22 @@ class Conveyor:
                 self._stores[loop] = store
         return store
 
+    def use_database(self, url: str) -> None:
+        """Point this application at another database before its first use.
+
+        For tools that load an application and are told its database separately (the
+        CLI's ``--database-url``). The URL is checked as the constructor checks it, and a
+        change is refused once a store is open: jobs would be split between two databases.
+        """
+        if url == self.url:
+            return
+        create_store(url, clock=self.clock, migrate=self.migrate_on_open)
+        if self._stores:
+            raise ConfigurationError(
+                f"this application already uses {self.url}; it cannot move to another database"
+            )
+        self.url = url
+
     def new_store(self) -> Store:
         """Return a new, unopened store on this application's database."""
         return create_store(self.url, clock=self.clock, migrate=self.migrate_on_open)
