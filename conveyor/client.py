@@ -230,12 +230,13 @@ class Conveyor:
 
         For tools that load an application and are told its database separately (the
         CLI's ``--database-url``). The URL is checked as the constructor checks it, and a
-        change is refused once a store is open: jobs would be split between two databases.
+        change is refused while a store is open on a running event loop: jobs would be
+        split between two databases.
         """
         if url == self.url:
             return
         create_store(url, clock=self.clock, migrate=self.migrate_on_open)
-        if self._stores:
+        if any(not loop.is_closed() for loop in self._stores):
             raise ConfigurationError(
                 f"this application already uses {self.url}; it cannot move to another database"
             )
