@@ -8,23 +8,22 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.core.lifecycle import Status
+from conveyor.core.model import as_utc
 
 # The one pattern for strings the API accepts: any text without NUL, which databases refuse.
 NUL_FREE = r"^[^\x00]*$"
 
 
 def utc(value: datetime | None) -> datetime | None:
-    """Return a datetime in UTC (naive ones are taken as UTC).
+    """Return a datetime in UTC, as :func:`~conveyor.core.model.as_utc` does.
 
     A time that falls outside what datetime holds once converted (year 1 at +05:00) is
     clamped to the first or last representable instant.
     """
     if value is None:
         return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
     try:
-        return value.astimezone(UTC)
+        return as_utc(value)
     except OverflowError:
         edge = datetime.min if value.year < 5000 else datetime.max
         return edge.replace(tzinfo=UTC)
