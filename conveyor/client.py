@@ -387,6 +387,55 @@ class Conveyor:
             raise JobNotFound(job_id)
         return JobHandle(self, job)
 
+    async def page_jobs(
+        self,
+        *,
+        status: Iterable[Status | str] = (),
+        type: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        top_level: bool = False,
+        newest_first: bool = True,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """Return one page of jobs in creation order and the cursor of the next page.
+
+        Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
+        ``cursor`` (with the same filters) for the following page; ``next`` is None on
+        the last page. ``top_level`` leaves out jobs that have a parent.
+        """
+        try:
+            statuses = tuple(Status(s) for s in status)
+        except ValueError as exc:
+            known = ", ".join(s.value for s in Status)
+            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
+        query = JobPageQuery(
+            status=statuses,
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=parent_id,
+            root_id=root_id,
+            created_after=as_utc(created_after) if created_after else None,
+            created_before=as_utc(created_before) if created_before else None,
+            top_level=top_level,
+            newest_first=newest_first,
+            after=decode_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        jobs = await (await self.store()).page_jobs(query)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        following = encode_cursor(jobs[-1]) if more and jobs else None
+        return JobPage([JobHandle(self, j) for j in jobs], following)
+
     async def list_jobs(
         self,
         *,
@@ -594,7 +643,7 @@ class Conveyor:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
         return _blocking.Blocking(self)
 
-    # -- the REST API's reads, health and tokens ----------------------------------------
+    # -- the REST API's submits and reads, health, API tokens ----------------------------
 
     async def submit_many_reporting(
         self, submissions: Sequence[Submission]
@@ -615,55 +664,6 @@ class Conveyor:
             return []
         jobs = await (await self.store()).get_many(list(dict.fromkeys(job_ids)))
         return [JobHandle(self, j) for j in jobs]
-
-    async def page_jobs(
-        self,
-        *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        top_level: bool = False,
-        newest_first: bool = True,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JobPage:
-        """Return one page of jobs in creation order and the cursor of the next page.
-
-        Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
-        ``cursor`` (with the same filters) for the following page; ``next`` is None on
-        the last page. ``top_level`` leaves out jobs that have a parent.
-        """
-        try:
-            statuses = tuple(Status(s) for s in status)
-        except ValueError as exc:
-            known = ", ".join(s.value for s in Status)
-            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
-        if not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
-        query = JobPageQuery(
-            status=statuses,
-            type=type,
-            queue=queue,
-            tenant=tenant,
-            parent_id=parent_id,
-            root_id=root_id,
-            created_after=as_utc(created_after) if created_after else None,
-            created_before=as_utc(created_before) if created_before else None,
-            top_level=top_level,
-            newest_first=newest_first,
-            after=decode_cursor(cursor) if cursor else None,
-            limit=limit + 1,
-        )
-        jobs = await (await self.store()).page_jobs(query)
-        more = len(jobs) > limit
-        jobs = jobs[:limit]
-        following = encode_cursor(jobs[-1]) if more and jobs else None
-        return JobPage([JobHandle(self, j) for j in jobs], following)
 
     async def health(self, *, stale_after: float = 60.0) -> Health:
         """Report the cluster's health: counts and ``healthy``, ``degraded`` or ``unhealthy``.
