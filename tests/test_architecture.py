@@ -100,37 +100,40 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """The conveyor modules ``path`` imports when it runs: at module level or inside a
-    function (a lazy import only postpones a cycle), but not under ``if TYPE_CHECKING:``."""
-    found: set[str] = set()
-    pending: list[ast.AST] = [ast.parse(path.read_text())]
+def _runtime_imports(path: Path) -> set[tuple[str, bool]]:
+    """The conveyor modules ``path`` imports when it runs, each with whether the import is
+    lazy (inside a function): module-level and lazy imports both count (a lazy import only
+    postpones a cycle), those under ``if TYPE_CHECKING:`` do not."""
+    found: set[tuple[str, bool]] = set()
+    pending: list[tuple[ast.AST, bool]] = [(ast.parse(path.read_text()), False)]
     while pending:
-        node = pending.pop()
+        node, lazy = pending.pop()
         if isinstance(node, ast.If) and _is_type_checking(node):
-            pending.extend(node.orelse)
+            pending.extend((child, lazy) for child in node.orelse)
             continue
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found.update((alias.name, lazy) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+            found.add((node.module, lazy))
             # `from conveyor.web import _schemas` imports the module conveyor.web._schemas.
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        pending.extend(ast.iter_child_nodes(node))
+            found.update((f"{node.module}.{alias.name}", lazy) for alias in node.names)
+        inside = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        pending.extend((child, inside) for child in ast.iter_child_nodes(node))
     modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
-    return {m for m in found if m in modules}
+    return {(m, lazy) for m, lazy in found if m in modules}
 
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the conveyor modules it imports at run time, packages included: importing
     ``conveyor.web._api`` runs ``conveyor/web/__init__.py`` first. The lazy doors are left
-    out: each is one deliberate step outward, taken after both modules are loaded."""
+    out while they stay inside a function: each is one deliberate step outward, taken after
+    both modules are loaded."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         module = _module_name(path)
         edges = set()
-        for imported in _runtime_imports(path):
-            if (module, imported) in LAZY_DOORS:
+        for imported, lazy in _runtime_imports(path):
+            if lazy and (module, imported) in LAZY_DOORS:
                 continue
             parts = imported.split(".")
             edges.update(".".join(parts[:n]) for n in range(2, len(parts) + 1))
