@@ -214,10 +214,7 @@ def test_only_backends_import_database_drivers() -> None:
 def test_no_import_cycle() -> None:
     # A package may import its own submodules (conveyor/__init__ re-exports the API);
     # every other loop between conveyor's modules is a cycle.
-    graph = {
-        m: {t for t in ts if not m or not t.startswith(m + ".")}
-        for m, ts in _import_graph().items()
-    }
+    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in _import_graph().items()}
     assert _cycles(graph) == [], "import cycles among conveyor's modules"
 
 
