@@ -314,7 +314,15 @@ class Worker:
         )
         if self.app.schedules:
             await store.sync_schedules(list(self.app.schedules.values()))
-        heartbeat = _Heartbeat(self, loop)
+        heartbeat = _Heartbeat(
+            worker_id=self.id,
+            lease=self.options.lease,
+            leases=self.leases,
+            new_store=self.app.new_store,
+            loop=loop,
+            on_lost=self._on_lost,
+            on_cancel_requested=self._on_cancel_requested,
+        )
         heartbeat.start()
         tasks = [
             asyncio.create_task(self._settle_loop(store), name="conveyor-settle"),
@@ -491,6 +499,8 @@ class Worker:
             job_type is None or job_type.is_async or job_type.options.isolation == "process"
         )
         previous = self.leases.hold(run)
+        self._active += 1
+        self._idle.clear()
         if previous is not None and not previous.done:
             # The job was rescued from this worker (its lease ran out) and claimed back:
             # the earlier run's lease is gone, so it stops now rather than run alongside.
@@ -500,8 +510,6 @@ class Worker:
                 "job %s: claimed again after its lease ran out; dropping the older run", job.id
             )
             self._lose(previous)
-        self._active += 1
-        self._idle.clear()
         # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
         # the task's coroutine (Worker._execute) and in every log line about it.
         run.task = asyncio.create_task(self._execute(run, job_type, store))
@@ -863,15 +871,25 @@ class _Heartbeat(threading.Thread):
     expired is stopped: better stop early than run twice.
     """
 
-    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        lease: float,
+        leases: _Leases,
+        new_store: Callable[[], Store],
+        loop: asyncio.AbstractEventLoop,
+        on_lost: Callable[[list[_Run]], None],
+        on_cancel_requested: Callable[[frozenset[str]], None],
+    ) -> None:
         super().__init__(name="conveyor-heartbeat", daemon=True)
-        self.worker_id = worker.id
-        self.lease = worker.options.lease
-        self.leases = worker.leases
-        self.new_store = worker.app.new_store
-        self.loop = loop
-        self.on_lost = worker._on_lost
-        self.on_cancel_requested = worker._on_cancel_requested
+        self.worker_id = worker_id
+        self.lease = lease
+        self.leases = leases
+        self.new_store = new_store  # its own store: its own connection
+        self.loop = loop  # the worker's: what the beat learns is handed to it there
+        self.on_lost = on_lost
+        self.on_cancel_requested = on_cancel_requested
         self._stop_event = threading.Event()
         self.interval = self.lease / 3
         self.progress_interval = min(1.0, self.interval)

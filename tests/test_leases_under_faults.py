@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from conveyor import Conveyor, JobContext, Outcome, Status
+from conveyor.core.model import Job, Progress
+from conveyor.store import Lease
 from tests.helpers import eventually, fast_options, running_worker, settled
 
 
@@ -218,6 +220,50 @@ async def test_a_job_rescued_from_its_worker_and_claimed_back_runs_once_at_a_tim
 
 
 # -- item 1: a handler that holds the event loop while a held row is locked ---------------
+
+
+async def test_a_heartbeat_skips_a_locked_row_as_busy_and_renews_the_others(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    @app.job()
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    await noop.submit()
+    await noop.submit()
+    store = app.new_store()
+    await store.open()
+    locker = _Probe(backend, db_url)
+    try:
+        claimed = await store.claim(
+            worker_id="w", queues=app.registry.queues(), limit=2, lease=30.0
+        )
+        locked, free = sorted(claimed, key=lambda j: j.id)
+        keys = [Lease(j.id, j.lease_token) for j in (locked, free)]
+        progress = {key: Progress(1.0, 2.0, "half") for key in keys}
+        locker.lock_row(locked.id)  # as the worker's own settle holds it, on PostgreSQL
+        beat = await asyncio.wait_for(
+            store.heartbeat(worker_id="w", leases=keys, lease=60.0, progress=progress), 10
+        )
+        locker.release()
+        after = {j.id: j for j in await store.get_many([locked.id, free.id])}
+    finally:
+        locker.close()
+        await store.close()
+    assert beat.lost == frozenset()
+    assert after[free.id].progress == Progress(1.0, 2.0, "half")
+    assert _expiry(after[free.id]) > _expiry(free) + 20
+    if backend == "postgres":
+        assert beat.busy == {locked.id}
+        assert _expiry(after[locked.id]) == _expiry(locked), "a busy lease is not renewed"
+        assert after[locked.id].progress is None, "a busy job's progress waits"
+    else:
+        assert beat.busy == frozenset()
+
+
+def _expiry(job: Job) -> float:
+    assert job.lease_expires_at is not None
+    return job.lease_expires_at.timestamp()
 
 
 async def test_a_handler_holding_the_event_loop_does_not_starve_the_heartbeat(
