@@ -164,10 +164,14 @@ renewed AS (
 )
 SELECT id, renew, cancel_requested, false AS busy FROM renewed
 UNION ALL
--- Skipped rows, as last committed: still running under this worker's token.
+-- Skipped rows, as last committed: still running under this worker's token. Read only
+-- when a row was skipped (a one-time filter), so a beat normally costs no second look.
 SELECT b.id, b.renew, false, true
-FROM beat b JOIN conveyor_jobs j ON j.id = b.id AND j.lease_token = b.token
-WHERE j.status = 'running' AND b.id NOT IN (SELECT id FROM locked);
+FROM conveyor_jobs j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
+WHERE (SELECT count(*) FROM locked) < cardinality(%(ids)s::text[])
+  AND j.id = ANY(%(ids)s::text[])
+  AND j.status = 'running'
+  AND j.id NOT IN (SELECT id FROM locked);
 
 -- name: settle
 -- End attempts, fenced by the lease (the row must still be running under the token), and
