@@ -111,8 +111,8 @@ async def every(interval: float, duty: Duty, stop: asyncio.Event) -> None:
             if failures == 1:
                 log.warning("%s failed, will retry: %s", type(duty).__name__, exc)
         pause = interval
-        if failures:  # no shorter than the interval, longer while the failures go on
-            pause = max(interval, pause_after_failures(failures, jitter=random.random()))
+        if failures > 1:  # a one-off failure retries on time; an outage backs off
+            pause = max(interval, pause_after_failures(failures - 1, jitter=random.random()))
         try:
             await asyncio.wait_for(stop.wait(), pause)
         except TimeoutError:

@@ -635,9 +635,6 @@ class Worker:
             except RuntimeError:
                 pass  # the loop is closed: an abandoned handler outlived its worker
 
-        # The run may have been given up by then: its outcome is not needed, and an
-        # exception nobody retrieves must not be logged as lost.
-        future.add_done_callback(_retrieve)
         self._threads.submit(call)
         return future
 
@@ -988,11 +985,6 @@ class _Heartbeat(threading.Thread):
                 self.loop.call_soon_threadsafe(self.on_lost, expired)
             except RuntimeError:
                 pass
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def run_worker(app: Conveyor, options: WorkerOptions) -> None:
