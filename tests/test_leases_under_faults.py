@@ -360,3 +360,18 @@ async def test_a_sync_handler_abandoned_past_its_cancel_grace_keeps_no_job_waiti
     finally:
         let_go.set()
     assert second.result == "ran"
+
+
+async def test_sync_handlers_reuse_idle_threads(app: Conveyor) -> None:
+    names: list[str] = []
+
+    @app.job()
+    def record(ctx: JobContext) -> None:
+        names.append(threading.current_thread().name)
+
+    jobs = [await record.submit() for _ in range(20)]
+    async with running_worker(app, concurrency=2):
+        for job in jobs:
+            await settled(job, Status.SUCCEEDED)
+    assert len(names) == 20
+    assert len(set(names)) < 10, f"a thread per job, not reused: {sorted(set(names))}"
