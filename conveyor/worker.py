@@ -825,7 +825,7 @@ class Worker:
 class _Port:
     """A running job's way to the worker and the store; every write carries its lease."""
 
-    def __init__(self, run: _Run, leases: _Leases, store: Store, app: Conveyor) -> None:
+    def __init__(self, run: _Run, leases: _Leases, store: Store, app: WorkerHost) -> None:
         self.run = run
         self.leases = leases
         self.store = store
