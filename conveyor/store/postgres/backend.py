@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
+from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
@@ -105,14 +106,6 @@ _HEARTBEAT_MARGIN_CAP = 2.0
 _ATTEMPTS = 3
 
 __all__ = ["PostgresStore", "parse_postgres_url"]
-
-
-def _listen_backoff(failures: int) -> float:
-    """Seconds to wait before listening again after ``failures`` failures in a row.
-
-    TODO(lead): replace with the backoff helper of conveyor/core/retry.py (branch h1).
-    """
-    return float(min(10.0, 0.2 * 2**failures) * (0.5 + random.random()))
 
 
 class PostgresStore:
@@ -539,10 +532,16 @@ class PostgresStore:
                 f"no answer from {self._where()} within {budget:.2f}s (a small part of the "
                 "lease, so that runs are stopped before their leases can expire)"
             ) from None
-        renewed = {row["id"]: bool(row["cancel_requested"]) for row in rows if row["renew"]}
+        busy = frozenset(row["id"] for row in rows if row["busy"])
+        renewed = {
+            row["id"]: bool(row["cancel_requested"])
+            for row in rows
+            if row["renew"] and not row["busy"]
+        }
         return Beat(
-            lost=frozenset(x.job_id for x in leases if x.job_id not in renewed),
+            lost=frozenset(x.job_id for x in leases if x.job_id not in renewed.keys() | busy),
             cancel_requested=frozenset(k for k, v in renewed.items() if v),
+            busy=busy,
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
@@ -706,7 +705,9 @@ class PostgresStore:
                         self._where(),
                         reason(exc),
                     )
-            await asyncio.sleep(_listen_backoff(failures))
+            await asyncio.sleep(
+                pause_after_failures(failures, jitter=random.random(), base=0.2, cap=10.0)
+            )
 
     def _where(self) -> str:
         return describe(self._params)
