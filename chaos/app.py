@@ -73,7 +73,7 @@ async def work(ctx: JobContext, steps: int = 2, period: float = 0.05) -> dict[st
 @app.job(**RETRY)
 async def blocker(ctx: JobContext, seconds: float, steps: int = 2) -> dict[str, Any]:
     """Holds the event loop with ``time.sleep`` (a CPU-bound async handler), then steps."""
-    _log(ctx, "start", step=0)
+    _log(ctx, "begin")
     _log(ctx, "block", seconds=seconds)
     time.sleep(seconds)
     _log(ctx, "unblock")
