@@ -112,6 +112,8 @@ async def run_one(
             result.notes.append(f"dropping {database}: {exc}")
     if result.violations or keep:
         result.kept = str(tmp)
+        faults = [f"{f.mono:.3f} {f.kind} {f.pid} {f.detail}" for f in run.faults]
+        (tmp / "faults.txt").write_text("\n".join(faults) + "\n")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     status = f"{len(result.violations)} violations" if result.violations else "ok"

@@ -2,7 +2,7 @@
 
 A *run* is one claim of a job as its handler saw it: the records of one (job, lease
 token, pid). A run is **live** from its first record to its last record of activity
-(``start``, ``begin``, ``ckpt``, ``step``, ``block``, ``unblock``, ``end``; a ``refused``
+(``start``, ``begin``, ``beat``, ``ckpt``, ``step``, ``block``, ``unblock``, ``end``; a ``refused``
 or ``cancelled`` record marks it stopping and does not extend it). A process frozen by
 SIGSTOP executes nothing, so a run frozen while another run of its job started is live
 only up to the freeze; what it does after SIGCONT is a *zombie tail*, which must be
@@ -34,7 +34,7 @@ from typing import Any
 from chaos.harness import Run
 from chaos.runlog import Record
 
-LIVE = frozenset({"start", "begin", "ckpt", "step", "block", "unblock", "end"})
+LIVE = frozenset({"start", "begin", "beat", "ckpt", "step", "block", "unblock", "end"})
 STOPPING = frozenset({"refused", "cancelled"})
 # Slack on top of lease + rescue + poll before a recovery counts as late: a loaded
 # 2-core machine can take seconds to schedule a process; the figure itself is reported.

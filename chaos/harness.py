@@ -36,7 +36,7 @@ class WorkerOptions:
     """``conveyor worker`` flags; the chaos default is a short lease and a fast rescue."""
 
     lease: float = 2.0
-    rescue_interval: float = 0.5
+    rescue_interval: float = 0.2
     poll_interval: float = 0.2
     concurrency: int = 4
     grace: float = 2.0
@@ -131,6 +131,7 @@ class Run:
                 "CONVEYOR_DATABASE_URL": self.url,
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                 "PYTHONUNBUFFERED": "1",
+                "CHAOS_LIMITS": "1" if self.limits or self.key_limits else "0",
             }
         )
         env.update(extra or {})

@@ -77,7 +77,9 @@ async def kill_drain(run: Run) -> None:
         await run.start_worker()
     n = scale(run, 150, 1500)
     await run.submit("work", [{"steps": 2, "period": 0.02} for _ in range(n)])
-    await run.submit("work", [{"steps": 8, "period": 0.2} for _ in range(scale(run, 8, 40))])
+    await run.submit(
+        "work", [{"steps": 8, "period": 0.2, "every": 3} for _ in range(scale(run, 8, 40))]
+    )
     kills = scale(run, 4, 25)
     for _ in range(kills):
         await asyncio.sleep(r.uniform(0.3, 1.5))
@@ -96,7 +98,8 @@ async def sigstop_zombie(run: Run) -> None:
     r = rng(run)
     for _ in range(2):
         await run.start_worker()
-    await run.submit("work", [{"steps": 20, "period": 0.15} for _ in range(scale(run, 6, 24))])
+    jobs = scale(run, 6, 24)
+    await run.submit("work", [{"steps": 20, "period": 0.15, "every": i % 2} for i in range(jobs)])
     lease = run.options.lease_seconds
     for _ in range(scale(run, 2, 8)):
         victim = await _busy_worker(run, r)
@@ -127,7 +130,10 @@ async def blocked_loop(run: Run) -> None:
     for _ in range(2):
         await run.start_worker()
     seconds = 3 * run.options.lease_seconds
-    await run.submit("blocker", [{"seconds": seconds} for _ in range(scale(run, 4, 10))])
+    await run.submit(
+        "blocker",
+        [{"seconds": seconds, "steps": 6, "every": i % 2} for i in range(scale(run, 4, 10))],
+    )
     await run.submit("sync_work", [{"steps": 10, "period": 0.2} for _ in range(4)])
     await _finish(run)
 
@@ -139,9 +145,18 @@ async def held_lock(run: Run) -> None:
     for _ in range(2):
         await run.start_worker()
     hold = 2.5 * run.options.lease_seconds
-    for _ in range(scale(run, 1, 3)):
-        # Due in a moment: the workers' claims then wait behind the lock.
-        await run.submit("work", [{"steps": 12, "period": 0.25} for _ in range(4)], delay=0.5)
+    for _ in range(scale(run, 3, 8)):
+        # Jobs fall due just after the lock is taken: idle workers' claims, sent on their
+        # next poll, then wait behind the lock for longer than a lease.
+        payloads = [{"steps": 12, "period": 0.25, "every": i % 2 * 4} for i in range(4)]
+        ids = await run.submit("work", payloads, delay=1)
+        marks = ",".join("?" * len(ids))
+        rows = await run.asql(
+            f"SELECT min(run_at) AS due FROM conveyor_jobs WHERE id IN ({marks})", ids
+        )
+        due = rows[0]["due"]
+        due = due.timestamp() if hasattr(due, "timestamp") else float(due)
+        await asyncio.sleep(max(0.0, due - time.time() - 0.03))
         await run.hold_write_lock(hold)
         await _finish(run)
 
@@ -360,15 +375,25 @@ async def isolated_crash(run: Run) -> None:
     # The workers still serve.
     await run.submit("work", [{"steps": 2, "period": 0.02} for _ in range(6)])
     await _finish(run)
+    # A hung child ignoring SIGTERM is killed after the cancel grace; allow it that long.
     hung = {rec.pid for rec in run.records() if rec.type == "iso_hang" and rec.event == "start"}
+    deadline = time.monotonic() + run.options.cancel_grace + 15
+    while hung and time.monotonic() < deadline:
+        hung = {pid for pid in hung if _running(pid)}
+        await asyncio.sleep(0.2)
     for pid in hung:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            run.violations.append(f"[isolation] hung child {pid} still alive (state {state})")
+        run.violations.append(
+            f"[isolation] hung child {pid} still alive {run.options.cancel_grace + 15:g}s "
+            "after its job ended"
+        )
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # -- SIGTERM hand-back with checkpoints -----------------------------------------------------
