@@ -135,6 +135,7 @@ def _live_interval(span: Span, siblings: list[Span], freezes: list[tuple[float, 
 
 def check(run: Run, records: list[Record], jobs: dict[str, dict[str, Any]]) -> Verdict:
     verdict = Verdict()
+    records = sorted(records, key=lambda r: r.mono)
     by_job = spans_of(run, records)
     _check_outcomes(run, jobs, by_job, verdict)
     _check_overlaps(by_job, verdict)
