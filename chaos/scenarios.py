@@ -130,12 +130,26 @@ async def blocked_loop(run: Run) -> None:
     for _ in range(2):
         await run.start_worker()
     seconds = 3 * run.options.lease_seconds
-    await run.submit(
-        "blocker",
-        [{"seconds": seconds, "steps": 6, "every": i % 2} for i in range(scale(run, 4, 10))],
-    )
-    await run.submit("sync_work", [{"steps": 10, "period": 0.2} for _ in range(4)])
+    blockers = scale(run, 4, 10)
+    # A steady stream of short jobs keeps settles in flight when a handler blocks the loop.
+    await run.submit("work", [{"steps": 1, "period": 0.01} for _ in range(scale(run, 60, 200))])
+    for i in range(blockers):
+        await run.submit("blocker", [{"seconds": seconds, "steps": 6, "every": i % 2}])
+        await run.submit("work", [{"steps": 1, "period": 0.01} for _ in range(40)])
+        await run.submit("sync_work", [{"steps": 5, "period": 0.2}])
+        await asyncio.sleep(1.0)
     await _finish(run)
+    await _no_lost_attempts(run, "a handler blocked the event loop")
+
+
+async def _no_lost_attempts(run: Run, cause: str) -> None:
+    """Every worker stayed up, unfrozen and connected: no lease may have expired."""
+    rows = await run.asql("SELECT job_id FROM conveyor_attempts WHERE outcome = 'lost'")
+    if rows:
+        run.violations.append(
+            f"[heartbeat] {len(rows)} attempts were rescued as lost although every worker "
+            f"was alive and the database up ({cause}): leases were not renewed"
+        )
 
 
 # -- claims delayed past the lease (held locks) --------------------------------------------
@@ -375,6 +389,7 @@ async def isolated_crash(run: Run) -> None:
     # The workers still serve.
     await run.submit("work", [{"steps": 2, "period": 0.02} for _ in range(6)])
     await _finish(run)
+    await _no_lost_attempts(run, "isolated children crashed")
     # A hung child ignoring SIGTERM is killed after the cancel grace; allow it that long.
     hung = {rec.pid for rec in run.records() if rec.type == "iso_hang" and rec.event == "start"}
     deadline = time.monotonic() + run.options.cancel_grace + 15
@@ -403,7 +418,7 @@ async def sigterm_handback(run: Run) -> None:
     r = rng(run)
     for _ in range(2):
         await run.start_worker()
-    ids = await run.submit("work", [{"steps": 25, "period": 0.1} for _ in range(scale(run, 4, 12))])
+    ids = await run.submit("work", [{"steps": 40, "period": 0.1} for _ in range(scale(run, 4, 12))])
     ids += await run.submit("sync_work", [{"steps": 10, "period": 0.2} for _ in range(2)])
     o = run.options
     for _ in range(scale(run, 3, 10)):
