@@ -197,12 +197,12 @@ class Run:
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         if self.backend == "sqlite":
             path = self.url.removeprefix("sqlite:///")
-            conn = sqlite3.connect(path, timeout=60)
-            conn.row_factory = sqlite3.Row
+            lite = sqlite3.connect(path, timeout=60)
+            lite.row_factory = sqlite3.Row
             try:
-                return [dict(r) for r in conn.execute(query, params).fetchall()]
+                return [dict(r) for r in lite.execute(query, params).fetchall()]
             finally:
-                conn.close()
+                lite.close()
         query = query.replace("?", "%s")
         with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
             cur = conn.execute(query, params)
@@ -406,16 +406,16 @@ class Run:
 
         def hold() -> None:
             if self.backend == "sqlite":
-                conn = sqlite3.connect(
+                lite = sqlite3.connect(
                     self.url.removeprefix("sqlite:///"), timeout=60, isolation_level=None
                 )
                 try:
-                    conn.execute("BEGIN IMMEDIATE")
+                    lite.execute("BEGIN IMMEDIATE")
                     taken.set()
                     time.sleep(seconds)
-                    conn.execute("COMMIT")
+                    lite.execute("COMMIT")
                 finally:
-                    conn.close()
+                    lite.close()
             else:
                 with psycopg.connect(self.url) as conn:
                     conn.execute("LOCK TABLE conveyor_jobs IN EXCLUSIVE MODE")

@@ -102,6 +102,33 @@ GUARANTEES: list[tuple[str, str, str]] = [
 ]
 
 
+# What the suite found when it was first run, on the code before the fixes of issue #16
+# (commit b1e973d): kept here so the table below can be read against it.
+HISTORY = [
+    "## What the suite found before the #16 fixes",
+    "",
+    "First run on the code before the fixes of issue #16 (commit `b1e973d`), short mode, "
+    "both backends:",
+    "",
+    "- `held-lock` (both backends): a claim sent while another connection held the write "
+    "lock waited longer than the lease and stored an already-expired lease; another worker "
+    "rescued and ran the job while the first run was still going (overlap about 0.04 s, "
+    "until the first worker's next heartbeat cancelled it). SQLite shows it only for "
+    "applications without limited job types: the limit-counting claim reads the clock "
+    "after taking the lock.",
+    "- `blocked-loop` (PostgreSQL): `heartbeat failed (no answer from PostgreSQL)` while a "
+    "handler held the event loop; live jobs were rescued as `lost` and their results "
+    "dropped. On SQLite too, a job claimed just before a handler blocked the loop was not "
+    "renewed (its run was not yet known to the heartbeat) and was rescued as `lost`.",
+    "- `cron-kill` (both): an every-second schedule fired 6-11 of 17-18 ticks with the "
+    "default `skip` catch-up.",
+    "- `disk-full`, `sqlite-locked` (SQLite): submits raised a raw "
+    "`sqlite3.OperationalError`; `conveyor submit` printed a 59-line traceback and exited 1.",
+    "- `isolated-crash`, `kill-drain`, `sigstop-zombie`, `limits-kill`, `clock-skew`, "
+    "`pg-restart-*`, `sigterm-handback`, `recovery-defaults`: no violation.",
+]
+
+
 @dataclass
 class Result:
     scenario: str
@@ -223,6 +250,7 @@ def write_doc(results: list[Result], command: str, scenarios: list[Any]) -> None
             f"| `{sc.name}` | {', '.join(sc.backends)} | {sc.summary} | "
             f"{'yes' if sc.short else 'no'} |"
         )
+    out += ["", *HISTORY]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     total = sum(len(r.violations) for r in results)
     out += [
