@@ -82,7 +82,7 @@ async def run_one(
     finally:
         await run.close()
     try:
-        verdict = check(run, run.records(), run.jobs())
+        verdict = check(run, run.records(), run.jobs(), run.lost_attempts())
     except Exception:
         verdict = check(run, run.records(), {})
         verdict.violations.append(f"[harness] reading the database:\n{traceback.format_exc()}")

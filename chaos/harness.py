@@ -74,6 +74,7 @@ class Fault:
     mono: float
     pid: int = 0
     detail: str = ""
+    wall: float = 0.0  # the machine's wall clock, to compare with times in the database
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Run:
         return env
 
     def fault(self, kind: str, pid: int = 0, detail: str = "") -> Fault:
-        f = Fault(kind, time.monotonic(), pid, detail)
+        f = Fault(kind, time.monotonic(), pid, detail, time.time())
         self.faults.append(f)
         return f
 
@@ -222,6 +223,19 @@ class Run:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+
+    def lost_attempts(self) -> dict[tuple[str, int], float]:
+        """(job id, attempt number) -> when the rescuer recorded it lost (epoch seconds)."""
+        rows = self.sql(
+            "SELECT job_id, number, finished_at FROM conveyor_attempts WHERE outcome = 'lost'"
+        )
+        out = {}
+        for row in rows:
+            at = row["finished_at"]
+            out[(row["job_id"], int(row["number"]))] = (
+                at.timestamp() if hasattr(at, "timestamp") else float(at)
+            )
+        return out
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         rows = self.sql(

@@ -325,9 +325,17 @@ async def cron_kill(run: Run) -> None:
         run.kill(victim)
         await run.start_worker(env=env)
     last = int(time.time()) - 2
-    await run.wait_for(
-        lambda: len(run.sql("SELECT id FROM conveyor_jobs WHERE type = 'tick'")) > 0, 30, "a tick"
-    )
+
+    def fired_since(at: int) -> bool:
+        rows = run.sql("SELECT id FROM conveyor_jobs WHERE type = 'tick'")
+        return any(_tick_time(row["id"]) >= at for row in rows)
+
+    # Ticks fire in order: once one at or after `last` has fired, every earlier tick has
+    # fired or been skipped. (Waiting on that, not on a fixed sleep.)
+    try:
+        await run.wait_for(lambda: fired_since(last), 60, f"a tick at or after {last}")
+    except TimeoutError:
+        run.violations.append("[cron] no tick fired in the last 60 s of the scenario")
     rows = await run.asql("SELECT id, status FROM conveyor_jobs WHERE type = 'tick'")
     fired = {int(_tick_time(row["id"])) for row in rows}
     for row in rows:

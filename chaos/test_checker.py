@@ -51,10 +51,13 @@ def a_clean_retry() -> list[Record]:
 
 
 def test_a_clean_retry_passes_and_reports_recovery(tmp_path: Path) -> None:
-    run = make_run(tmp_path, Fault("kill", 1.0, 10))
-    verdict = check(run, a_clean_retry(), {"j": job_row("j", 2)})
+    run = make_run(tmp_path, Fault("kill", 1.0, 10, wall=1000.0))
+    verdict = check(run, a_clean_retry(), {"j": job_row("j", 2)}, {("j", 1): 1003.0})
     assert verdict.violations == []
-    assert verdict.metrics["recovery_max"] == 2.5
+    assert verdict.metrics["recovery_max"] == 3.0
+    assert verdict.metrics["rerun_max"] == 2.5
+    late = check(run, a_clean_retry(), {"j": job_row("j", 2)}, {("j", 1): 1020.0})
+    assert [v[:10] for v in late.violations] == ["[recovery]"]
 
 
 def test_overlapping_runs_are_a_double_run(tmp_path: Path) -> None:
