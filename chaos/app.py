@@ -42,6 +42,12 @@ def _log(ctx: JobContext, event: str, **extra: Any) -> None:
     )
 
 
+def _lease_left(ctx: JobContext) -> float | None:
+    """Seconds the claim's lease had left when the handler began (negative: expired)."""
+    expires = ctx.job.lease_expires_at
+    return None if expires is None else round(expires.timestamp() - time.time(), 3)
+
+
 async def _steps(ctx: JobContext, steps: int, period: float, every: int = 1) -> dict[str, Any]:
     """The body of every stepping job: sleep, checkpoint, log; resumable from its state.
 
@@ -51,7 +57,7 @@ async def _steps(ctx: JobContext, steps: int, period: float, every: int = 1) -> 
     """
     token = ctx.job.lease_token
     first = int((ctx.state or {}).get("step", 0))
-    _log(ctx, "start", step=first, state_token=(ctx.state or {}).get("token"))
+    _log(ctx, "start", step=first, lease_left=_lease_left(ctx))
     try:
         for step in range(first + 1, steps + 1):
             await asyncio.sleep(period)

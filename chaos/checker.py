@@ -23,6 +23,9 @@ Violations, each with the evidence:
   ``lost`` attempt, read from the database) within lease + rescue interval + slack. When
   it then ran again (from the run log) is reported too: in a long queue a rescued job
   waits its turn behind the jobs due before it.
+- **lease**: a run began with its lease already expired (a claim that waited past the
+  lease stored an expired lease, so another worker may rescue and run the job alongside);
+  checked where nothing delays a handler's start (no blocked loop, no frozen process).
 - **limit**: more live runs of a limited type (or key) at once than its limit.
 """
 
@@ -150,6 +153,7 @@ def check(
     _check_zombies(run, by_job, verdict)
     _check_recovery(run, by_job, lost or {}, verdict)
     _check_limits(run, jobs, by_job, verdict)
+    _check_leases(run, by_job, verdict)
     verdict.metrics["runs"] = sum(len(s) for s in by_job.values())
     verdict.metrics["refused"] = sum(1 for r in records if r.event == "refused")
     for text in run.violations:
@@ -323,7 +327,7 @@ def _check_recovery(
                         f"{kill.pid} and was never rescued as lost",
                     )
                 continue
-            figure = at - kill.wall
+            figure = at - run.db_clock_offset - kill.wall
             rescued.append(figure)
             if figure > bound:
                 verdict.add(
@@ -373,3 +377,29 @@ def _check_limits(
                 verdict.add(
                     "limit", f"{most} runs of {job_type} key {key} live at once (limit {limit})"
                 )
+
+
+def _check_leases(run: Run, by_job: dict[str, list[Span]], verdict: Verdict) -> None:
+    left = [
+        (float(r.extra["lease_left"]), span)
+        for spans in by_job.values()
+        for span in spans
+        for r in span.records[:1]
+        if r.event == "start" and r.extra.get("lease_left") is not None
+    ]
+    if left:
+        verdict.metrics["min_lease_left"] = round(min(v for v, _ in left), 3)
+    if not run.check_lease_at_start:
+        return
+    frozen = [f for f in run.faults if f.kind in ("stop", "cont")]
+    for value, span in left:
+        if value >= 0:
+            continue
+        near = run.options.lease_seconds + 1
+        if any(f.pid == span.pid and abs(f.mono - span.live_start) < near for f in frozen):
+            continue
+        verdict.add(
+            "lease",
+            f"job {span.job}: run token {span.token} (pid {span.pid}) began with its lease "
+            f"expired {-value:.2f}s before: the claim stored an already-expired lease",
+        )

@@ -113,6 +113,10 @@ class Run:
     limits: dict[str, int] = field(default_factory=dict)  # job type -> global limit
     key_limits: dict[str, int] = field(default_factory=dict)  # job type -> per-key limit
     crash_exits: int = 0
+    # Check that every run began with time left on the lease its claim stored (only
+    # where nothing legitimately delays a handler's start past a lease: no blocked loop).
+    check_lease_at_start: bool = False
+    db_clock_offset: float = 0.0  # SQLite under faketime: the database's times are shifted
     app: Conveyor | None = None
     _supervisor: asyncio.Task[None] | None = None
 

@@ -37,6 +37,13 @@ GUARANTEES: list[tuple[str, str, str]] = [
         "the database.",
     ),
     (
+        "lease at start",
+        "A run begins with time left on its lease",
+        "Each handler logs how long the lease its claim stored had left when it began; "
+        "a negative figure (the claim waited past the lease and stored an expired lease) "
+        "is a violation where nothing else delays a handler's start.",
+    ),
+    (
         "zombies stop",
         "Zombies stop",
         "A run frozen past its lease and continued (SIGCONT) has no write accepted and "
@@ -165,6 +172,8 @@ class Result:
         for key, value in self.metrics.items():
             if key.startswith("peak_"):
                 parts.append(f"peak {key[5:]} {value}")
+        if "min_lease_left" in self.metrics:
+            parts.append(f"least lease left at a start {self.metrics['min_lease_left']}s")
         if self.metrics.get("refused"):
             parts.append(f"{self.metrics['refused']} stale writes refused")
         if self.metrics.get("max_overlap"):

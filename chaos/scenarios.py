@@ -72,6 +72,7 @@ async def _finish(run: Run, timeout: float = 180) -> None:
 
 
 async def kill_drain(run: Run) -> None:
+    run.check_lease_at_start = True
     r = rng(run)
     for _ in range(3):
         await run.start_worker()
@@ -156,6 +157,7 @@ async def _no_lost_attempts(run: Run, cause: str) -> None:
 
 
 async def held_lock(run: Run) -> None:
+    run.check_lease_at_start = True
     for _ in range(2):
         await run.start_worker()
     hold = 2.5 * run.options.lease_seconds
@@ -179,6 +181,7 @@ async def held_lock(run: Run) -> None:
 
 
 async def _pg_outage(run: Run, down: float, mode: str) -> None:
+    run.check_lease_at_start = True
     assert run.pg is not None
     for _ in range(2):
         await run.start_worker()
@@ -288,6 +291,8 @@ async def clock_skew(run: Run) -> None:
     # SQLite: the clock is the machine's, so skew between workers is outside the
     # guarantee; a machine whose clock is simply wrong (all workers alike) is inside it.
     offsets = [-20.0, 0.0, 20.0] if run.backend == "postgres" else [3600.0] * 3
+    if run.backend == "sqlite":
+        run.db_clock_offset = 3600.0
     r = rng(run)
     for offset in offsets:
         await run.start_worker(env=faketime_env(offset) if offset else None)
@@ -356,6 +361,7 @@ async def cron_kill(run: Run) -> None:
 
 
 async def limits_kill(run: Run) -> None:
+    run.check_lease_at_start = True
     r = rng(run)
     run.limits["limited"] = GLOBAL_LIMIT
     run.key_limits["keyed"] = KEY_LIMIT
@@ -423,6 +429,7 @@ def _running(pid: int) -> bool:
 
 
 async def sigterm_handback(run: Run) -> None:
+    run.check_lease_at_start = True
     r = rng(run)
     for _ in range(2):
         await run.start_worker()
@@ -477,7 +484,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         "kill-drain",
         "3 workers drain short and long jobs while random busy workers get SIGKILL",
-        ("no job lost", "one live run", "fenced writes", "recovery"),
+        ("no job lost", "one live run", "fenced writes", "recovery", "lease at start"),
         kill_drain,
     ),
     Scenario(
@@ -497,7 +504,7 @@ SCENARIOS: list[Scenario] = [
         "held-lock",
         "another connection holds the write lock (SQLite) / an EXCLUSIVE table lock "
         "(PostgreSQL) for 2.5 leases while jobs fall due",
-        ("one live run", "no job lost"),
+        ("one live run", "no job lost", "lease at start"),
         held_lock,
     ),
     Scenario(
