@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         command += "".join(f" --scenario {n}" for n in args.scenario)
     print(f"chaos: {command}", flush=True)
     started = time.monotonic()
-    results = asyncio.run(main_async(args, scenarios, seed))
+    try:
+        results = asyncio.run(main_async(args, scenarios, seed))
+    except InfraError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
     print_results(results)
     print(f"chaos: {time.monotonic() - started:.0f}s in all; seed {seed}")
     write = args.write_docs if args.write_docs is not None else (args.full and not args.scenario)

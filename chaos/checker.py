@@ -387,10 +387,10 @@ def _check_leases(run: Run, by_job: dict[str, list[Span]], verdict: Verdict) -> 
         for r in span.records[:1]
         if r.event == "start" and r.extra.get("lease_left") is not None
     ]
-    if left:
-        verdict.metrics["min_lease_left"] = round(min(v for v, _ in left), 3)
     if not run.check_lease_at_start:
         return
+    if left:
+        verdict.metrics["min_lease_left"] = round(min(v for v, _ in left), 3)
     frozen = [f for f in run.faults if f.kind in ("stop", "cont")]
     for value, span in left:
         if value >= 0:
