@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +30,8 @@ from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
+    from conveyor._handles import JobHandle, Submission
     from conveyor._registry import JobType
-    from conveyor.client import JobHandle, Submission
 
 _PROGRESS_INTERVAL = 0.2  # the child sends progress to the parent at most this often
 
@@ -51,8 +51,13 @@ async def run_in_child(
     port: JobPort,
     *,
     cancel_grace: float,
+    on_started: Callable[[], None] | None = None,
 ) -> JSON:
     """Run the handler of ``job`` in a child process; raise what it raised.
+
+    ``on_started`` is called when the child has imported the handler and is about to
+    call it: the worker starts the job's time limit then, so that a slow start of the
+    interpreter on a busy machine is not charged to the handler.
 
     Cancelling the calling task sends a cancel request to the child, waits up to
     ``cancel_grace`` seconds for it to stop, then terminates it (SIGTERM) and, after a
@@ -91,7 +96,10 @@ async def run_in_child(
                     outcome.set_result(("died", None))
                 return
             kind = message[0]
-            if kind == "progress":
+            if kind == "started":
+                if on_started is not None:
+                    on_started()
+            elif kind == "progress":
                 port.report_progress(message[1])
             elif kind == "checkpoint":
                 task = loop.create_task(checkpoint(message[1], message[2]))
@@ -117,16 +125,21 @@ async def run_in_child(
             await _stop(process, outcome, 0.0)
         await loop.run_in_executor(None, process.join, 5)
         parent_end.close()
+    return _outcome(kind, detail, process.exitcode)
+
+
+def _outcome(kind: str, detail: Any, exitcode: int | None) -> JSON:
+    """The handler's result as the child reported it, or what it raised, raised again."""
     if kind == "result":
-        return detail[0]
+        result: JSON = detail[0]
+        return result
     if kind == "retry":
         raise Retry(after=detail[0], reason=detail[1])
     if kind == "cancel":
         raise Cancel(detail[0])
     if kind == "error":
         raise ChildFailed(detail[0], detail[1], final=detail[2])
-    code = process.exitcode
-    raise ChildFailed(f"the job's child process died ({_describe_exit(code)})")
+    raise ChildFailed(f"the job's child process died ({_describe_exit(exitcode)})")
 
 
 async def _stop(
@@ -235,6 +248,7 @@ def _child_main(module: str, qualname: str, job: Job, conn: Connection) -> None:
                     port.replies.put((message[1], message[2]))
 
         threading.Thread(target=listen, daemon=True).start()
+        port.send(("started",))
         if job_type.is_async:
 
             async def main() -> Any:
