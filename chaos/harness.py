@@ -156,7 +156,7 @@ class Run:
         if self.app is None:
             from chaos.app import app
 
-            app.url = self.url
+            app.use_database(self.url)
             self.app = app
         return self.app
 
