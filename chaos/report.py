@@ -245,7 +245,7 @@ def write_doc(results: list[Result], command: str, scenarios: list[Any]) -> None
         "",
         "```sh",
         "scripts/chaos --short        # CI: a subset, small counts, both backends (~6 min)",
-        "scripts/chaos --full         # every scenario, both backends (~18 min); rewrites this file",
+        "scripts/chaos --full         # all scenarios, both backends (~18 min); rewrites this file",
         "scripts/chaos --backend sqlite --scenario kill-drain --seed 7",
         "```",
         "",
