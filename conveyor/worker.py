@@ -59,6 +59,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 
+# How long a process-isolated handler's child may take to start (interpreter, imports)
+# before the job's own time limit begins; it is added to that limit until the child
+# reports in. Generous, because a loaded machine can take seconds to start Python.
+_CHILD_START_ALLOWANCE = 60.0
+
 # Results that are JSON as they are: no need to serialise them to find out.
 _PLAIN = frozenset({str, int, bool})
 
@@ -554,18 +559,19 @@ class Worker:
         ctx = run.ctx = JobContext(job, worker_id=self.id, port=port, loop=loop)
         if job.cancel_requested:
             self._interrupt(run, _Interrupt.CANCEL, job.error or "cancel requested")
+        isolated = job_type.options.isolation == "process"
         if job.timeout:
-            run.timer = loop.call_later(
-                job.timeout,
-                self._interrupt,
-                run,
-                _Interrupt.TIMEOUT,
-                f"timed out after {job.timeout:g}s",
-            )
+            # An isolated handler's limit starts when its child reports in; until then
+            # the child gets a start-up allowance, not the handler's own time.
+            self._arm_timeout(run, job.timeout + _CHILD_START_ALLOWANCE if isolated else None)
         try:
-            if job_type.options.isolation == "process":
+            if isolated:
                 result = await run_in_child(
-                    job_type, job, ctx._port, cancel_grace=self.options.cancel_grace
+                    job_type,
+                    job,
+                    ctx._port,
+                    cancel_grace=self.options.cancel_grace,
+                    on_started=lambda: self._arm_timeout(run),
                 )
             elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
@@ -683,6 +689,21 @@ class Worker:
             jitter=random.random(),
             retry_after=retry_after,
             final=final,
+        )
+
+    def _arm_timeout(self, run: _Run, after: float | None = None) -> None:
+        """Interrupt ``run`` when its time limit (or ``after`` seconds) has passed."""
+        timeout = run.job.timeout
+        if timeout is None or run.done:
+            return
+        if run.timer is not None:
+            run.timer.cancel()
+        run.timer = asyncio.get_running_loop().call_later(
+            timeout if after is None else after,
+            self._interrupt,
+            run,
+            _Interrupt.TIMEOUT,
+            f"timed out after {timeout:g}s",
         )
 
     def _interrupted(self, run: _Run) -> Settlement | None:
