@@ -28,7 +28,9 @@ thread of its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -285,6 +287,9 @@ class Worker:
         self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = _HandlerThreads(keep=options.concurrency)
+        # Runs claimed and held (renewed by the heartbeat) whose handlers the event loop
+        # has not started yet, each with the older run of its job it replaces, if any.
+        self._claimed: collections.deque[tuple[_Run, _Run | None]] = collections.deque()
         self.processed = 0
         self._limited = [
             t
@@ -421,6 +426,7 @@ class Worker:
                         limit=free,
                         lease=self.options.lease,
                         limits=self._limits(),
+                        on_claimed=functools.partial(self._hold_claimed, sent=sent),
                     )
                     if failures:
                         log.warning("database reachable again; claiming resumed")
@@ -433,8 +439,10 @@ class Worker:
                         log.error("cannot claim jobs (%s); retrying with backoff", exc)
                     await self._sleep(pause_after_failures(failures, jitter=random.random()))
                     continue
-                for job in claimed:
-                    self._start(store, job, sent)
+                finally:
+                    # Whatever became of the call, the jobs it leased are run (or handed
+                    # back): a claim that committed is never left to expire unseen.
+                    self._start_claimed()
                 if len(claimed) == free:
                     continue  # more may be due; claim again as soon as slots free
                 idle = self._active == 0 and not self._outbox and not len(self.leases)
@@ -496,17 +504,25 @@ class Worker:
 
     # -- running ------------------------------------------------------------------------
 
-    def _start(self, store: Store, job: Job, sent: float) -> None:
-        run = _Run(job=job, lease=job.lease or self.options.lease, renewed_at=sent)
-        job_type = self.app.registry.find(job.type)
-        # A process-isolated handler is awaited like an async one: cancelling its task
-        # stops the child process.
-        run.is_async = (
-            job_type is None or job_type.is_async or job_type.options.isolation == "process"
-        )
-        previous = self.leases.hold(run)
-        self._active += 1
-        self._idle.clear()
+    def _hold_claimed(self, jobs: Sequence[Job], sent: float) -> None:
+        """Hold the leases of jobs just claimed (called on the store's thread).
+
+        The heartbeat renews them from here on, whatever the event loop is doing: a
+        handler blocking the loop delays when these jobs start, not their renewals.
+        """
+        for job in jobs:
+            run = _Run(job=job, lease=job.lease or self.options.lease, renewed_at=sent)
+            self._claimed.append((run, self.leases.hold(run)))
+
+    def _start_claimed(self) -> None:
+        """Start the handlers of the runs claimed since last called (on the loop)."""
+        store = self._store
+        while self._claimed and store is not None:
+            run, previous = self._claimed.popleft()
+            self._start(store, run, previous)
+
+    def _start(self, store: Store, run: _Run, previous: _Run | None) -> None:
+        job = run.job
         if previous is not None and not previous.done:
             # The job was rescued from this worker (its lease ran out) and claimed back:
             # the earlier run's lease is gone, so it stops now rather than run alongside.
@@ -516,13 +532,51 @@ class Worker:
                 "job %s: claimed again after its lease ran out; dropping the older run", job.id
             )
             self._lose(previous)
+        if run.done:
+            return
+        if _may_have_expired(run, time.monotonic()):
+            # The loop came back to this claim too late (it was blocked): another worker
+            # may hold the job by now. Never start a handler on such a lease.
+            log.warning("job %s: lease may have expired before its handler started", job.id)
+            run.interrupt = _Interrupt.LOST
+            run.done = True
+            self.leases.release((run,))
+            return
+        job_type = self.app.registry.find(job.type)
+        # A process-isolated handler is awaited like an async one: cancelling its task
+        # stops the child process.
+        run.is_async = (
+            job_type is None or job_type.is_async or job_type.options.isolation == "process"
+        )
+        self._active += 1
+        self._idle.clear()
         # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
         # the task's coroutine (Worker._execute) and in every log line about it.
         run.task = asyncio.create_task(self._execute(run, job_type, store))
 
+    async def _lease_current(self, run: _Run) -> bool:
+        """Wait until ``run``'s lease is known current: False when it may have expired.
+
+        A lease older than lease/3 (the loop was slow to start the run) is renewed by
+        the heartbeat at once; the handler waits for that renewal rather than start on
+        a lease another worker may be about to rescue.
+        """
+        while True:
+            now = time.monotonic()
+            if run.interrupt is _Interrupt.LOST or _may_have_expired(run, now):
+                return False
+            if now - run.renewed_at < run.lease / 3:
+                return True
+            await asyncio.sleep(0.01)
+
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
         settlement: Settlement | None
         try:
+            if not await self._lease_current(run):
+                if not run.done:
+                    log.warning("job %s: lease not renewed in time; not started", run.job.id)
+                    self._finish(run, None)
+                return
             settlement = await self._invoke(run, job_type, store)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -832,12 +886,14 @@ class Worker:
 
     def _on_lost(self, runs: Iterable[_Run]) -> None:
         """Stop runs whose leases the heartbeat could not renew (or may have expired)."""
+        self._start_claimed()  # every run the heartbeat knows of is started first
         for run in runs:
             if not run.done:
                 log.warning("job %s: lease lost; stopping its handler", run.job.id)
                 self._lose(run)
 
     def _on_cancel_requested(self, job_ids: Iterable[str]) -> None:
+        self._start_claimed()
         for run in self.leases.find(job_ids):
             if not run.done:
                 self._interrupt(run, _Interrupt.CANCEL, run.job.error or "cancel requested")
@@ -999,14 +1055,17 @@ class _Heartbeat(threading.Thread):
 
     def _fence(self, runs: list[_Run], now: float) -> None:
         """Stop runs whose lease may have expired: better stop early than run twice."""
-        expired = [
-            r for r in runs if not r.done and now - r.renewed_at > r.lease - min(r.lease / 6, 2.0)
-        ]
+        expired = [r for r in runs if not r.done and _may_have_expired(r, now)]
         if expired:
             try:
                 self.loop.call_soon_threadsafe(self.on_lost, expired)
             except RuntimeError:
                 pass
+
+
+def _may_have_expired(run: _Run, now: float) -> bool:
+    """Whether ``run``'s lease may have run out by ``now`` (monotonic), with a margin."""
+    return now - run.renewed_at > run.lease - min(run.lease / 6, 2.0)
 
 
 def run_worker(app: WorkerHost, options: WorkerOptions) -> None:

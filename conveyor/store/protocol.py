@@ -7,7 +7,7 @@ by the lease token and reports refusal rather than raising.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -213,10 +213,15 @@ class Store(Protocol):
         limit: int,
         lease: float,
         limits: Limits | None = None,
+        on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` due jobs: status running, new token, attempt + 1.
 
         Jobs held back by ``limits`` stay queued and do not block other types or keys.
+        ``on_claimed`` is called with the claimed jobs on the store's own thread as soon
+        as the claim has committed, before the caller's event loop hears of it, even if
+        the caller has stopped waiting: a worker hands the leases to its heartbeat
+        there, however long its event loop is busy. It must be quick and thread-safe.
         """
 
     async def heartbeat(

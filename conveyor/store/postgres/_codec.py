@@ -49,13 +49,11 @@ def utc(value: datetime | None) -> datetime | None:
 _pick_job = operator.itemgetter(*JOB_COLUMNS)  # a dict row's job columns, by name
 
 
-async def fetch_jobs(
-    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
-) -> list[Job]:
+def fetch_jobs(conn: psycopg.Connection[Any], query: str, params: Mapping[str, Any]) -> list[Job]:
     """Run a query of conveyor_jobs and read its rows as Jobs, as tuples (no dict per row)."""
-    async with conn.cursor(row_factory=tuple_row) as cursor:
-        await cursor.execute(query, params)
-        rows = await cursor.fetchall()
+    with conn.cursor(row_factory=tuple_row) as cursor:
+        cursor.execute(query, params)
+        rows = cursor.fetchall()
         if not rows or cursor.description is None:
             return []
         pick = job_picker(tuple(d.name for d in cursor.description))

@@ -196,23 +196,37 @@ class PostgresStore:
             self._check_pool(pool)
         raise AssertionError("not reached")
 
-    async def _transaction(self, work: Callable[[SyncConnection], T]) -> T:
+    async def _transaction(
+        self,
+        work: Callable[[SyncConnection], T],
+        *,
+        atomic: bool = True,
+        then: Callable[[T], None] | None = None,
+    ) -> T:
         """Run ``work`` in one transaction on a thread of the store, and commit it there.
 
         The event loop only waits for the result: however long the loop is blocked,
         the transaction ends (and lets go of its row locks) without it. The retries are
-        those of :meth:`_run`; ``work`` starts afresh on each.
+        those of :meth:`_run`; ``work`` starts afresh on each. ``atomic=False`` runs
+        ``work`` in autocommit (one statement: one round trip, no BEGIN). ``then`` is
+        called with the result on the same thread once it is committed, before the
+        event loop hears of it.
         """
         threads, pool = self._tx_threads, self._tx_pool
         if threads is None or pool is None:
             raise RuntimeError("the store is not open: call open() first")
 
+        def attempt_once(conn: SyncConnection) -> T:
+            if not atomic:
+                return work(conn)
+            with conn.transaction():
+                return work(conn)
+
         def run() -> T:
             for attempt in range(1, _ATTEMPTS + 1):
                 with pool.connection(timeout=_ACQUIRE_TIMEOUT) as conn:
                     try:
-                        with conn.transaction():
-                            return work(conn)
+                        result = attempt_once(conn)
                     except psycopg.errors.DeadlockDetected:
                         if attempt == _ATTEMPTS:
                             raise
@@ -220,6 +234,10 @@ class PostgresStore:
                     except psycopg.OperationalError:
                         if attempt == _ATTEMPTS or not conn.broken:
                             raise
+                    else:
+                        if then is not None:
+                            then(result)
+                        return result
                 pool.check()
             raise AssertionError("not reached")
 
@@ -477,7 +495,10 @@ class PostgresStore:
         limit: int,
         lease: float,
         limits: Limits | None = None,
+        on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
+        # On a transaction thread, not on the event loop: the claimed jobs reach
+        # ``on_claimed`` (a worker's heartbeat) there, however long the loop is blocked.
         params = {
             "worker_id": worker_id,
             "queues": list(queues),
@@ -485,18 +506,19 @@ class PostgresStore:
             "lease": float(lease),
             "now": self._now(),
         }
-        if limits:
-            flow = limits
+        flow = limits
 
-            def claim_limited(conn: SyncConnection) -> list[Job]:
+        def claim(conn: SyncConnection) -> list[Job]:
+            if flow:
                 rows = self._drive(conn, scripts.claim_limited(params, flow))
-                return [job_of_row(r) for r in rows]
+                jobs = [job_of_row(r) for r in rows]
+            else:
+                jobs = fetch_jobs(conn, _Q["claim"], params)
+            # RETURNING does not keep the claim order; the worker starts jobs in this order.
+            return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 
-            jobs = await self._transaction(claim_limited)
-        else:
-            jobs = await self._run(lambda conn: fetch_jobs(conn, _Q["claim"], params))
-        # RETURNING does not keep the claim order; the worker starts jobs in this order.
-        return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
+        # A plain claim is one statement: autocommit, one round trip.
+        return await self._transaction(claim, atomic=bool(flow), then=on_claimed)
 
     async def heartbeat(
         self,

@@ -60,15 +60,16 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             ask_store()  # learn the store connection's data_version
-            commits = store._commits
+            # The store counts a commit before it shows in data_version, so reading the
+            # version first, the count second, a change of ours is always counted.
             last = conn.execute("PRAGMA data_version").fetchone()[0]
+            counted = store._commits  # the store's commits when ``last`` was read
             while not stop.wait(WATCH_INTERVAL):
-                before = commits
-                commits = store._commits
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
                 if version == last:
                     continue
-                last = version
+                commits = store._commits
+                last, counted, before = version, commits, counted
                 if commits == before:
                     loop.call_soon_threadsafe(wake.set)  # not ours: someone else's
                 else:

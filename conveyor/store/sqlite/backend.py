@@ -89,8 +89,13 @@ class SQLiteStore:
         conn = self._conn
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
+    async def _write(
+        self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
+    ) -> T:
+        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction; ``then`` once committed.
+
+        ``then`` gets the result on the store's thread, before the event loop does.
+        """
 
         def tx(conn: sqlite3.Connection) -> T:
             conn.execute("BEGIN IMMEDIATE")
@@ -99,8 +104,16 @@ class SQLiteStore:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
-            self._commits += 1  # read by the watcher: this commit is not news
+            # Counted before it shows in data_version: the watcher must not take this
+            # commit for another connection's.
+            self._commits += 1
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                self._commits -= 1
+                raise
+            if then is not None:
+                then(result)
             return result
 
         return await self._run(tx)
@@ -260,6 +273,7 @@ class SQLiteStore:
         limit: int,
         lease: float,
         limits: Limits | None = None,
+        on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
         params = {
             "worker_id": worker_id,
@@ -273,14 +287,14 @@ class SQLiteStore:
             def claim_limited(conn: sqlite3.Connection) -> list[Job]:
                 return [job_of_row(r) for r in self._drive(conn, script)]
 
-            return await self._write(claim_limited)
+            return await self._write(claim_limited, on_claimed)
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
             # The lease starts now that this transaction holds the write lock: a time read
             # before waiting for it would store a lease that may already have expired.
             return jobs_of(conn.execute(_Q["claim"], params | {"now": self._clock()}))
 
-        return await self._write(claim)
+        return await self._write(claim, on_claimed)
 
     async def heartbeat(
         self,
