@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from conveyor import Conveyor, JobContext, Outcome, Status
-from conveyor.core.model import Job, Progress
+from conveyor.core.model import Job, NewJob, Progress
 from conveyor.store import Lease
 from tests.helpers import eventually, fast_options, running_worker, settled
 
@@ -375,3 +375,164 @@ async def test_sync_handlers_reuse_idle_threads(app: Conveyor) -> None:
             await settled(job, Status.SUCCEEDED)
     assert len(names) == 20
     assert len(set(names)) < 10, f"a thread per job, not reused: {sorted(set(names))}"
+
+
+# -- a claim whose result reaches a blocked event loop late --------------------------------
+
+
+def _claimed_state(probe: _Probe, ids: list[str]) -> list[tuple[str, str | None, float | None]]:
+    """(status, worker, lease expiry on the lease clock) of each job, read by the probe."""
+    if probe.postgres:
+        query = (
+            "SELECT status, lease_owner, extract(epoch FROM lease_expires_at) "
+            "FROM conveyor_jobs WHERE id = %s"
+        )
+    else:
+        query = "SELECT status, lease_owner, lease_expires_at FROM conveyor_jobs WHERE id = ?"
+    rows = []
+    for job_id in ids:
+        status, worker, expires = probe.conn.execute(query, (job_id,)).fetchone()
+        rows.append((str(status), worker, None if expires is None else float(expires)))
+    return rows
+
+
+async def test_jobs_claimed_while_the_event_loop_is_blocked_are_renewed_and_kept(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    """A claim is in flight (waiting for a lock the test holds) when a handler blocks
+    the worker's event loop for three leases; the claim commits during the block. Its
+    jobs' leases must be renewed by the heartbeat during the block, not only once the
+    loop comes back to the claim's result: else they expire, another worker rescues
+    them as lost, and the worker then starts their handlers on the lost leases."""
+    lease = 2.0
+    block = threading.Event()  # the test asks the hog to block the loop
+    blocking = threading.Event()  # the hog is blocking it
+    hog_done = threading.Event()
+    fillers_go = threading.Event()
+    ran: list[tuple[str, int]] = []
+    probe = _Probe(backend, db_url)
+    watcher = _Probe(backend, db_url)  # outside the probe's transaction and its snapshot
+
+    @app.job()
+    async def hog(ctx: JobContext) -> None:
+        while not block.is_set():
+            await asyncio.sleep(0.01)
+        blocking.set()
+        time.sleep(3 * lease)  # CPU-bound work that never yields
+        hog_done.set()
+
+    @app.job()
+    async def filler(ctx: JobContext) -> None:
+        while not fillers_go.is_set():
+            await asyncio.sleep(0.01)
+
+    @app.job()
+    async def other(ctx: JobContext) -> None:
+        ran.append((ctx.id, ctx.attempt))
+
+    hog_job = await hog.submit()
+    fillers = [await filler.submit() for _ in range(3)]
+    store = app.new_store()
+    await store.open()
+    worker = _WorkerThread(app, worker_id="A", concurrency=4, lease=lease, rescue_interval=60)
+    rescued: list[str] = []
+    seen: dict[str, list[float]] = {}
+    try:
+        # Four slots, all taken: the others below wait until the fillers end.
+        for job in (hog_job, *fillers):
+            await eventually(lambda job=job: _true(lambda: probe.status(job.id) == "running"))
+        ids = [f"other-{n}" for n in range(3)]
+        await store.submit([NewJob(id=i, type="other", payload={}) for i in ids])
+        probe.hold_write_lock()
+        fillers_go.set()  # slots free: the worker's claim is sent and waits for the lock
+        if probe.postgres:
+            await eventually(lambda: _true(lambda: _claim_waits(watcher)))
+        else:
+            await asyncio.sleep(0.3)  # SQLite cannot tell: six poll intervals
+        block.set()
+        await eventually(lambda: _true(blocking.is_set))
+        probe.release()  # the claim commits while the worker's loop is blocked
+        while not hog_done.is_set():
+            states = _claimed_state(probe, ids)
+            for job_id, (status, owner, expires) in zip(ids, states, strict=True):
+                if status == "running" and owner == "A" and expires is not None:
+                    seen.setdefault(job_id, []).append(expires)
+            # Another worker's rescuer, as the chaos suite runs one.
+            rescued += [r.job.id for r in await store.rescue(limit=10, jitter=0.0)]
+            await asyncio.sleep(0.05)
+        for job_id in ids:
+            await settled(await app.get(job_id), Status.SUCCEEDED, timeout=30)
+    finally:
+        block.set()
+        fillers_go.set()
+        await worker.stop()
+        probe.close()
+        watcher.close()
+        await store.close()
+    assert rescued == [], f"rescued from a live worker whose loop was blocked: {rescued}"
+    assert sorted(seen) == ids, "the claim did not commit during the block"
+    for job_id, expiries in seen.items():
+        assert max(expiries) > min(expiries) + lease / 3, (
+            f"{job_id}: its lease was not renewed while the worker's loop was blocked"
+        )
+    assert sorted(ran) == [(i, 1) for i in ids]
+
+
+def _claim_waits(probe: _Probe) -> bool:
+    """Whether a claim (PostgreSQL) waits for the probe's lock."""
+    return bool(
+        probe._one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE '%%attempt = attempt + 1%%'",
+            "",
+        )
+    )
+
+
+async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_started(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    """The loop reaches a claimed run after its lease may have expired (it was blocked,
+    and nothing renewed the lease): the handler is not started and nothing is settled.
+    A run whose lease is older than lease/3 waits for a renewal first; with none, it
+    is dropped too."""
+    lease = 1.2
+    started: list[str] = []
+
+    @app.job()
+    async def victim(ctx: JobContext) -> None:
+        started.append(ctx.id)
+
+    stale = await victim.submit()
+    aging = await victim.submit()
+    worker = app.worker(fast_options(lease=lease))
+    store = worker._store = app.new_store()
+    await store.open()
+    try:
+        (job,) = await store.claim(
+            worker_id=worker.id,
+            queues=app.registry.queues(),
+            limit=1,
+            lease=lease,
+            on_claimed=lambda jobs: worker._hold_claimed(jobs, sent=time.monotonic() - lease),
+        )
+        worker._start_claimed()
+        assert len(worker.leases) == 0, "a lease that may have expired is still held"
+        (job2,) = await store.claim(
+            worker_id=worker.id,
+            queues=app.registry.queues(),
+            limit=1,
+            lease=lease,
+            on_claimed=lambda jobs: worker._hold_claimed(jobs, sent=time.monotonic() - lease / 2),
+        )
+        worker._start_claimed()
+        (run,) = worker.leases.snapshot()
+        assert run.task is not None
+        await asyncio.wait_for(run.task, 10)  # no heartbeat runs: no renewal comes
+        assert run.done and len(worker.leases) == 0
+        rows = {j.id: j for j in await store.get_many([stale.id, aging.id])}
+    finally:
+        await store.close()
+    assert {job.id, job2.id} == {stale.id, aging.id}
+    assert started == [], "a handler started on a lease it could not show was current"
+    assert all(j.status is Status.RUNNING for j in rows.values()), "nothing is settled"
