@@ -458,7 +458,7 @@ async def test_jobs_claimed_while_the_event_loop_is_blocked_are_renewed_and_kept
                 if status == "running" and owner == "A" and expires is not None:
                     seen.setdefault(job_id, []).append(expires)
             # Another worker's rescuer, as the chaos suite runs one.
-            rescued += [r.job.id for r in await store.rescue(limit=10, jitter=0.0)]
+            rescued += [r.job_id for r in await store.rescue(limit=10, jitter=0.0)]
             await asyncio.sleep(0.05)
         for job_id in ids:
             await settled(await app.get(job_id), Status.SUCCEEDED, timeout=30)
