@@ -18,6 +18,12 @@ cancelled and its result is dropped: only the holder of the current fencing toke
 complete a job. A worker never runs two attempts of one job: when it claims a job it
 already runs (the job was rescued from it), the older run is dropped as lost.
 
+Claimed jobs reach the heartbeat before the event loop: the store calls the worker back
+on the thread that completes the claim, where their leases are held (and renewed from
+then on) however long a handler blocks the loop. The loop starts their handlers later,
+and never on a lease it cannot show is current: one that may have expired is dropped
+unstarted, one older than lease/3 waits for the heartbeat's renewal first.
+
 On SIGTERM or SIGINT the worker stops claiming, gives running handlers ``grace``
 seconds, then cancels them and hands their jobs back as ``queued`` without spending an
 attempt. A handler that ignores cancellation for ``cancel_grace`` seconds is abandoned;

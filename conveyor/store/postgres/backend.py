@@ -8,8 +8,10 @@ Every transaction of more than one statement runs to its end on a thread of the 
 (:meth:`PostgresStore._transaction`), on a blocking connection, and commits there. A
 transaction sent from the event loop would hold its row locks until the loop came back
 to send COMMIT: a handler that blocks the loop for a few seconds would then hold the
-rows a heartbeat must renew, and the leases would expire under live runs. Statements
-that are a transaction on their own (a plain claim, a heartbeat, a read) run on the
+rows a heartbeat must renew, and the leases would expire under live runs. The claim runs
+there too, even a plain one (one statement in autocommit): the worker's ``on_claimed``
+hands the leases to its heartbeat on that thread, however long the loop is blocked.
+Other statements that are a transaction on their own (a heartbeat, a read) run on the
 event loop in autocommit, where nothing is held between them.
 
 Connections per store: at most ``pool_size`` (default 10) on the event loop's pool,
