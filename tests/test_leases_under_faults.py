@@ -68,6 +68,9 @@ class _Probe:
         """Whether another session waits for a lock (PostgreSQL; SQLite cannot tell)."""
         if not self.postgres:
             return True
+        # Inside a transaction (the probe's lock), pg_stat_activity is read once, from a
+        # snapshot taken at the first read, unless the snapshot is dropped first.
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
         return bool(
             self._one(
                 "SELECT count(*) FROM pg_stat_activity "
