@@ -548,14 +548,18 @@ class Worker:
             run.done = True
             self.leases.release((run,))
             return
+        self._active += 1
+        self._idle.clear()
+        if self._phase >= _Phase.STOPPING:
+            # Claimed as the stop came (the claim was in flight): handed back unstarted.
+            self._finish(run, self._settlement(run, Event.HAND_BACK, None))
+            return
         job_type = self.app.registry.find(job.type)
         # A process-isolated handler is awaited like an async one: cancelling its task
         # stops the child process.
         run.is_async = (
             job_type is None or job_type.is_async or job_type.options.isolation == "process"
         )
-        self._active += 1
-        self._idle.clear()
         # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
         # the task's coroutine (Worker._execute) and in every log line about it.
         run.task = asyncio.create_task(self._execute(run, job_type, store))

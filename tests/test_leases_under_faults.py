@@ -483,6 +483,7 @@ async def test_jobs_claimed_while_the_event_loop_is_blocked_are_renewed_and_kept
 
 def _claim_waits(probe: _Probe) -> bool:
     """Whether a claim (PostgreSQL) waits for the probe's lock."""
+    probe.conn.execute("SELECT pg_stat_clear_snapshot()")
     return bool(
         probe._one(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
@@ -539,3 +540,41 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
     assert {job.id, job2.id} == {stale.id, aging.id}
     assert started == [], "a handler started on a lease it could not show was current"
     assert all(j.status is Status.RUNNING for j in rows.values()), "nothing is settled"
+
+
+async def test_jobs_of_a_claim_in_flight_when_the_worker_stops_are_handed_back_unstarted(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    filler_go = threading.Event()
+    started: list[str] = []
+    probe = _Probe(backend, db_url)
+
+    @app.job()
+    async def filler(ctx: JobContext) -> None:
+        while not filler_go.is_set():
+            await asyncio.sleep(0.01)
+
+    @app.job()
+    async def late(ctx: JobContext) -> None:
+        started.append(ctx.id)
+
+    first = await filler.submit()
+    worker = _WorkerThread(app, concurrency=1)
+    try:
+        await eventually(lambda: _true(lambda: probe.status(first.id) == "running"))
+        job = await late.submit()
+        probe.hold_write_lock()
+        filler_go.set()  # the slot frees: a claim is sent and waits for the lock
+        if probe.postgres:
+            await eventually(lambda: _true(lambda: _claim_waits(probe)))
+        else:
+            await asyncio.sleep(0.3)  # SQLite cannot tell: six poll intervals
+        worker.worker.stop()
+        probe.release()
+    finally:
+        filler_go.set()
+        await worker.stop()
+        probe.close()
+    await job.refresh()
+    assert started == [], "a stopping worker started a job it claimed as it stopped"
+    assert job.status is Status.QUEUED and job.attempt == 0
