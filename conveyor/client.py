@@ -67,6 +67,8 @@ from conveyor.errors import (
     JobNotFound,
     ScheduleNotFound,
 )
+from conveyor.hooks import AttemptEnded, AttemptStarted, Hooks
+from conveyor.metrics import Metrics
 from conveyor.store import (
     HealthCounts,
     JobPageQuery,
@@ -112,6 +114,8 @@ class Conveyor:
             weakref.WeakKeyDictionary()
         )
         self._tokens = Tokens(self.store, self.registry)
+        self.metrics = Metrics()
+        self.hooks = Hooks()
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url}>"
@@ -324,6 +328,8 @@ class Conveyor:
                     "use a new id for a different job"
                 )
             handles.append(JobHandle(self, job))
+            if submitted.created:
+                self.metrics.of(job.type, job.queue).submitted.inc()
         return handles
 
     async def submit_many(
@@ -633,6 +639,27 @@ class Conveyor:
                 return total
 
     # -- workers ------------------------------------------------------------------------
+
+    def on_attempt_start(
+        self, fn: Callable[[AttemptStarted], object]
+    ) -> Callable[[AttemptStarted], object]:
+        """Call ``fn`` as a worker starts each attempt (a decorator; see conveyor.hooks)."""
+        self.hooks.attempt_start.append(fn)
+        return fn
+
+    def on_attempt_end(
+        self, fn: Callable[[AttemptEnded], object]
+    ) -> Callable[[AttemptEnded], object]:
+        """Call ``fn`` once each attempt's outcome is recorded (a decorator)."""
+        self.hooks.attempt_end.append(fn)
+        return fn
+
+    def on_final_failure(
+        self, fn: Callable[[AttemptEnded], object]
+    ) -> Callable[[AttemptEnded], object]:
+        """Call ``fn`` when an attempt leaves its job failed for good (a decorator)."""
+        self.hooks.final_failure.append(fn)
+        return fn
 
     def worker(self, options: WorkerOptions | None = None) -> Worker:
         """Return a worker for this application (run it with ``await worker.run()``)."""

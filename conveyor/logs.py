@@ -1,0 +1,155 @@
+"""Log formats for conveyor's processes: plain text lines or one JSON object per line.
+
+The worker logs one line per attempt outcome on the ``conveyor.worker`` logger, and a
+handler's ``ctx.log`` writes to ``conveyor.job.<type>``. Those lines carry the job's
+fields as attributes of the log record (``job_id``, ``job_type``, ``queue``,
+``attempt``, ``worker``); the formatters here print them. An application that
+configures logging itself can use :class:`TextFormatter` or :class:`JsonFormatter` on
+its own handlers, or read the attributes in a formatter of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from typing import IO, Any
+
+# The record attributes a job's lines carry, in the order text lines print them.
+FIELDS = ("job_id", "job_type", "queue", "attempt", "worker")
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message job_id=... job_type=... attempt=... worker=...``.
+
+    One line per record; a traceback, when the record has one, follows on its own lines.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _utc(record.created)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(
+            f"{name}={value}" for name in FIELDS if (value := record.__dict__.get(name)) is not None
+        )
+        tb = record.__dict__.get("traceback")
+        if fields:
+            head, sep, rest = line.partition("\n")
+            line = f"{head} {fields}{sep}{rest}"
+        if tb:
+            line = f"{line}\n{tb.rstrip()}"
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and the job's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": _utc(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        attrs = record.__dict__
+        for name in FIELDS:
+            value = attrs.get(name)
+            if value is not None:
+                out[name] = value
+        for name in ("outcome", "duration", "retry_at", "error", "traceback"):
+            value = attrs.get(name)
+            if value is not None:
+                out[name] = value
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _utc(created: float) -> str:
+    seconds = time.gmtime(created)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", seconds) + f".{int(created % 1 * 1000):03d}Z"
+
+
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger whose records carry one job's fields (what ``ctx.log`` returns)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        extra = self.extra
+        given = kwargs.get("extra")
+        kwargs["extra"] = extra if given is None else {**(extra or {}), **given}
+        return msg, kwargs
+
+
+def configure(
+    level: str | int = "INFO",
+    format: str = "text",
+    *,
+    stream: IO[str] | None = None,
+    rich: bool | None = None,
+) -> None:
+    """Send every log line to ``stream`` (stderr) in ``format``: ``text`` or ``json``.
+
+    Text goes through rich's handler only on a terminal (``rich=None`` decides so);
+    elsewhere each record is one plain, unwrapped line. Replaces the root logger's
+    handlers, so call it once, at start-up, from a command (the CLI does).
+    """
+    if format not in ("text", "json"):
+        raise ValueError(f"log format must be 'text' or 'json', not {format!r}")
+    out = stream if stream is not None else sys.stderr
+    handler: logging.Handler
+    if format == "text" and (rich if rich is not None else _is_terminal(out)):
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(file=out), show_path=False, rich_tracebacks=False)
+        handler.setFormatter(_RichFields())
+    else:
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+class _RichFields(logging.Formatter):
+    """The message and the job's fields; rich prints the time and level itself."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        fields = " ".join(
+            f"{name}={value}" for name in FIELDS if (value := record.__dict__.get(name)) is not None
+        )
+        tb = record.__dict__.get("traceback")
+        line = f"{message} {fields}" if fields else message
+        return f"{line}\n{tb.rstrip()}" if tb else line
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def job_fields(
+    job_id: str, job_type: str, queue: str, attempt: int, worker: str
+) -> Mapping[str, Any]:
+    """The record attributes of one attempt's lines."""
+    return {
+        "job_id": job_id,
+        "job_type": job_type,
+        "queue": queue,
+        "attempt": attempt,
+        "worker": worker,
+    }
+
+
+__all__ = ["FIELDS", "JobLogger", "JsonFormatter", "TextFormatter", "configure", "job_fields"]
