@@ -27,7 +27,6 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 from rich.live import Live
-from rich.logging import RichHandler
 
 from conveyor._console import (
     ShownJob,
@@ -180,12 +179,24 @@ def main(log_level: str) -> None:
     Exit codes: 0 success, 1 job failed or action refused, 2 usage or configuration
     error, 3 job not found, 4 database unavailable.
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
-    )
+    _setup_logging(log_level, "text")
+
+
+def _setup_logging(level: str | int, log_format: str) -> None:
+    """Log to stderr: rich on a terminal, else plain single lines; or JSON, one per line."""
+    from conveyor import logs
+
+    logs.configure(level, log_format)
+
+
+_log_format_option = click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar="CONVEYOR_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text, or as one JSON object per line (env CONVEYOR_LOG_FORMAT).",
+)
 
 
 # -- worker ----------------------------------------------------------------------------
@@ -239,6 +250,19 @@ def main(log_level: str) -> None:
     help="Seconds between prunes of finished jobs past their retention.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
+@_log_format_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve this worker's Prometheus metrics on this port (0: any free port, logged).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics port binds to.",
+)
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -252,6 +276,9 @@ def worker(
     cron_interval: float,
     prune_interval: float,
     burst: bool,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -275,7 +302,22 @@ def worker(
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
+    _setup_logging(logging.getLogger().level, log_format)
+    if metrics_port is not None:
+        _serve_metrics(app, metrics_host, metrics_port)
     _run(_run_worker(app.worker(options)))
+
+
+def _serve_metrics(app: Conveyor, host: str, port: int) -> None:
+    """Serve the application's metrics from a thread (each worker process its own)."""
+    from prometheus_client import start_http_server
+
+    try:
+        server, _ = start_http_server(port, addr=host, registry=app.metrics.registry)
+    except OSError as exc:
+        _fail(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
+    bound = server.server_address[1]
+    logging.getLogger("conveyor.worker").info("metrics at http://%s:%d/metrics", host, bound)
 
 
 async def _run_worker(w: Worker) -> None:
@@ -708,6 +750,7 @@ def _is_loopback(host: str) -> bool:
     show_default=True,
     help="Largest request body accepted, in bytes (413 above it).",
 )
+@_log_format_option
 def serve(
     app_spec: str,
     database_url: str | None,
@@ -716,6 +759,7 @@ def serve(
     with_worker: bool,
     concurrency: int,
     max_body: int,
+    log_format: str,
 ) -> None:
     """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) with uvicorn.
 
@@ -727,6 +771,7 @@ def serve(
     from conveyor.web import ApiOptions, create_api
 
     app = _app_from(app_spec, database_url)
+    _setup_logging(logging.getLogger().level, log_format)
     try:
         api = create_api(app, options=ApiOptions(max_body_bytes=max_body))
         options = WorkerOptions(concurrency=concurrency) if with_worker else None
@@ -757,7 +802,10 @@ async def _serve(
         )
         console.print(secret, highlight=False)
         console.file.flush()
-    config = uvicorn.Config(api, host=host, port=port, lifespan="off", log_level="info")
+    # log_config=None: uvicorn's lines go through the handlers set up above.
+    config = uvicorn.Config(
+        api, host=host, port=port, lifespan="off", log_level="info", log_config=None
+    )
     server = uvicorn.Server(config)
     running: asyncio.Task[None] | None = None
     if worker_options is not None:

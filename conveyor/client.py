@@ -74,6 +74,7 @@ from conveyor.store import (
     JobPageQuery,
     LeaseRecord,
     QueueInfo,
+    QueueLag,
     Retention,
     ScheduleInfo,
     Store,
@@ -518,6 +519,10 @@ class Conveyor:
 
     async def queues(self) -> list[QueueInfo]:
         return await (await self.store()).queues()
+
+    async def queue_lag(self) -> list[QueueLag]:
+        """Per queue with due jobs: how many, and how long the oldest has waited."""
+        return await (await self.store()).queue_lag()
 
     async def pause(self, queue: str) -> None:
         """Stop workers from claiming jobs of ``queue``; running jobs finish."""

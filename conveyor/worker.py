@@ -374,7 +374,7 @@ class Worker:
         """Start the maintenance duties every worker runs (each is safe to run on all)."""
         options, stop = self.options, self._maintenance_stop
         duties = (
-            ("conveyor-rescue", options.rescue_interval, Rescuer(store)),
+            ("conveyor-rescue", options.rescue_interval, Rescuer(store, metrics=self._metrics)),
             ("conveyor-finish-parents", options.rescue_interval, ParentFinisher(store)),
             ("conveyor-cron", options.cron_interval, CronFirer(store)),
             (

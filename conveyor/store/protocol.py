@@ -130,6 +130,15 @@ class Rescued:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLag:
+    """A queue's due jobs: how many, and how long the oldest has waited (seconds)."""
+
+    queue: str
+    due: int
+    oldest_age: float
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """Flow control a claim must respect, per job type.
 
@@ -366,3 +375,6 @@ class Store(Protocol):
 
     async def list_tokens(self) -> list[Token]:
         """Return every token, newest first."""
+
+    async def queue_lag(self) -> list[QueueLag]:
+        """Return, per queue with due jobs, their number and the oldest one's wait."""

@@ -61,6 +61,7 @@ from conveyor.store.protocol import (
     LeaseRecord,
     Limits,
     QueueInfo,
+    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -1546,6 +1547,10 @@ class PostgresStore:
 
     async def list_tokens(self) -> list[Token]:
         return [_token(row) for row in await self._fetch("list_tokens")]
+
+    async def queue_lag(self) -> list[QueueLag]:
+        rows = await self._fetch("queue_lag", {"now": self._now()})
+        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
 
 
 def _float(value: float | None) -> float | None:

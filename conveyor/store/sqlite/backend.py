@@ -55,6 +55,7 @@ from conveyor.store.protocol import (
     LeaseRecord,
     Limits,
     QueueInfo,
+    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -1367,6 +1368,13 @@ class SQLiteStore:
     async def list_tokens(self) -> list[Token]:
         def read(conn: sqlite3.Connection) -> list[Token]:
             return [_token(r) for r in conn.execute(_Q["list_tokens"])]
+
+        return await self._run(read)
+
+    async def queue_lag(self) -> list[QueueLag]:
+        def read(conn: sqlite3.Connection) -> list[QueueLag]:
+            rows = conn.execute(_Q["queue_lag"], {"now": self._clock()})
+            return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
 
         return await self._run(read)
 

@@ -579,3 +579,10 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: queue_lag
+-- Per queue: queued jobs whose run_at has passed, and how long the oldest of them waits.
+SELECT queue, count(*) AS due, :now - min(run_at) AS oldest_age
+FROM conveyor_jobs
+WHERE status = 'queued' AND run_at <= :now
+GROUP BY queue;
