@@ -73,11 +73,6 @@ async def test_a_hook_that_raises_is_logged_and_the_worker_carries_on(
         for job in jobs:
             await settled(job, Status.SUCCEEDED)
     messages = [r.getMessage() for r in caplog.records if r.name == "conveyor.hooks"]
-    assert (
-        messages.count(
-            "hook test_a_hook_that_raises_is_logged_and_the_worker_carries_on.<locals>.broken_start raised; ignored"
-        )
-        == 2
-    )
+    assert sum(m.endswith(".broken_start raised; ignored") for m in messages) == 2
     assert sum("broken_end raised; ignored" in m for m in messages) == 2
     assert all(r.exc_info for r in caplog.records if r.name == "conveyor.hooks")
