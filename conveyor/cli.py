@@ -263,6 +263,13 @@ _log_format_option = click.option(
     show_default=True,
     help="Address the metrics port binds to.",
 )
+@click.option(
+    "--metrics/--no-metrics",
+    "count_metrics",
+    default=True,
+    hidden=True,
+    help="Count attempts into metrics (off only to measure what counting costs).",
+)
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -279,6 +286,7 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    count_metrics: bool,
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -299,6 +307,7 @@ def worker(
             cron_interval=cron_interval,
             prune_interval=prune_interval,
             burst=burst,
+            metrics=count_metrics,
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
