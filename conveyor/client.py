@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, overload
 
-from conveyor import _blocking
+from conveyor import _blocking, _tracing
 from conveyor._handles import (
     JobDefinition,
     JobHandle,
@@ -313,7 +313,10 @@ class Conveyor:
 
     def prepare(self, submissions: Sequence[Submission]) -> list[NewJob]:
         """Validate submissions into jobs ready to insert (raises on bad input)."""
-        new_jobs = [self._prepare(s) for s in submissions]
+        # Inside a submit span, the jobs carry its trace context; in a handler, the
+        # attempt's (its children's runs then appear under it).
+        traceparent = _tracing.current_traceparent()
+        new_jobs = [self._prepare(s, traceparent) for s in submissions]
         _check_acyclic(new_jobs)
         return new_jobs
 
@@ -340,12 +343,13 @@ class Conveyor:
 
         ``connection``: as for :meth:`submit`, the application's own transaction.
         """
-        new_jobs = self.prepare(submissions)
-        store = await self.store()
-        results = await store.submit(new_jobs, connection=connection)
+        with _tracing.submit_span(submissions):
+            new_jobs = self.prepare(submissions)
+            store = await self.store()
+            results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
 
-    def _prepare(self, s: Submission) -> NewJob:
+    def _prepare(self, s: Submission, traceparent: str | None = None) -> NewJob:
         job_type = self.registry.get(s.type)
         options = job_type.options
         payload = job_type.validate(s.payload)
@@ -380,6 +384,7 @@ class Conveyor:
             unique_key=s.unique_key,
             concurrency_key=s.concurrency_key,
             depends_on=_dependency_ids(s.depends_on),
+            trace_context=traceparent,
         )
 
     def _wallclock(self) -> float:
@@ -685,8 +690,9 @@ class Conveyor:
         False means an existing job was returned: the same id, or an active job holding
         the same ``unique_key``.
         """
-        new_jobs = self.prepare(submissions)
-        results = await (await self.store()).submit(new_jobs)
+        with _tracing.submit_span(submissions):
+            new_jobs = self.prepare(submissions)
+            results = await (await self.store()).submit(new_jobs)
         handles = self.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
 

@@ -28,7 +28,9 @@ thread of its own.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -44,6 +46,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
+from conveyor import _tracing
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
@@ -560,6 +563,21 @@ class Worker:
             self._hooks.started(AttemptStarted(job=job, worker_id=self.id))
 
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
+        if not _tracing.enabled():
+            await self._attempt(run, job_type, store)
+            return
+        with _tracing.attempt_span(run.job, self.id) as span:
+            settlement = await self._attempt(run, job_type, store)
+            if settlement is None:
+                _tracing.end_attempt(span, "lost", None)
+            else:
+                outcome = None if settlement.outcome is None else settlement.outcome.value
+                _tracing.end_attempt(span, outcome, settlement.error)
+
+    async def _attempt(
+        self, run: _Run, job_type: JobType | None, store: Store
+    ) -> Settlement | None:
+        """Run one attempt to its end; return its settlement (None: abandoned or lost)."""
         settlement: Settlement | None
         try:
             settlement = await self._invoke(run, job_type, store)
@@ -573,12 +591,13 @@ class Worker:
             if run.timer is not None:
                 run.timer.cancel()
         if run.done:
-            return  # abandoned: the job was already settled without this run's result
+            return None  # abandoned: the job was already settled without this run's result
         if run.interrupt is not None:
             # However the handler ended, the interruption decides: a timed-out job that
             # swallowed its cancellation is not marked succeeded, a lost one not at all.
             settlement = self._interrupted(run)
         self._finish(run, settlement)
+        return settlement
 
     async def _invoke(self, run: _Run, job_type: JobType | None, store: Store) -> Settlement | None:
         job = run.job
@@ -681,7 +700,11 @@ class Worker:
             except RuntimeError:
                 pass  # the loop is closed: an abandoned handler outlived its worker
 
-        self._threads.submit(call)
+        # A traced attempt's span is current in the handler's thread too.
+        if _tracing.enabled():
+            self._threads.submit(functools.partial(contextvars.copy_context().run, call))
+        else:
+            self._threads.submit(call)
         return future
 
     def _settlement(

@@ -181,6 +181,7 @@ def _job_of(
     retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
     lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
     cancel_requested: bool,
+    trace_context: str | None = None,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -217,6 +218,7 @@ def _job_of(
         lease_expires_at=None if lease_expires_at is None else _utc(lease_expires_at),
         lease_token=lease_token,
         cancel_requested=cancel_requested,
+        trace_context=trace_context,
     )
 
 
@@ -373,6 +375,7 @@ def _submit_params(
                     "unique_key": j.unique_key,
                     "concurrency_key": j.concurrency_key,
                     "retry_of": j.retry_of,
+                    "trace_context": j.trace_context,
                 }
                 for j in jobs
             ],

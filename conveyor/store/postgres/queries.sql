@@ -24,7 +24,7 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 )
 SELECT
     n.id, n.type, n.queue, n.tenant, n.payload::json, %(status)s::text, n.priority,
@@ -34,19 +34,20 @@ SELECT
     n.root_id,
     CASE WHEN n.depends_on IS NOT NULL
          THEN ARRAY(SELECT json_array_elements_text(n.depends_on)) END,
-    n.unique_key, n.concurrency_key, n.retry_of, coalesce(%(now)s::timestamptz, now())
+    n.unique_key, n.concurrency_key, n.retry_of, n.trace_context,
+    coalesce(%(now)s::timestamptz, now())
 FROM ROWS FROM (
     json_to_recordset(%(jobs)s::json) AS (
         id text, type text, queue text, tenant text, payload text, priority integer,
         max_attempts integer, run_at timestamptz, delay float8, timeout float8,
         lease_seconds float8, backoff_base float8, backoff_cap float8, state text,
         parent_id text, root_id text, depends_on json, unique_key text,
-        concurrency_key text, retry_of text
+        concurrency_key text, retry_of text, trace_context text
     )
 ) WITH ORDINALITY AS n (
     id, type, queue, tenant, payload, priority, max_attempts, run_at, delay, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, position
+    unique_key, concurrency_key, retry_of, trace_context, position
 )
 ORDER BY n.position
 ON CONFLICT DO NOTHING

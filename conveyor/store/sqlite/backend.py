@@ -138,6 +138,7 @@ def _job_of(
     retry_of: str | None, started_at: float | None, finished_at: float | None,
     lease_owner: str | None, lease_expires_at: float | None, lease_token: int,
     cancel_requested: int,
+    trace_context: str | None = None,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -176,6 +177,7 @@ def _job_of(
         else datetime.fromtimestamp(lease_expires_at, UTC),
         lease_token=lease_token,
         cancel_requested=bool(cancel_requested),
+        trace_context=trace_context,
     )
 
 
@@ -523,6 +525,7 @@ class SQLiteStore:
             "unique_key": job.unique_key,
             "concurrency_key": job.concurrency_key,
             "retry_of": job.retry_of,
+            "trace_context": job.trace_context,
             "now": now,
         }
 

@@ -6,11 +6,11 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 ) VALUES (
     :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
     :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
-    :depends_on, :unique_key, :concurrency_key, :retry_of, :now
+    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :now
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -21,7 +21,7 @@ RETURNING *;
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 )
 SELECT
     json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
@@ -33,7 +33,7 @@ SELECT
     json_extract(value, '$.state'), json_extract(value, '$.parent_id'),
     json_extract(value, '$.root_id'), json_extract(value, '$.depends_on'),
     json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
-    json_extract(value, '$.retry_of'), :now
+    json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'), :now
 FROM json_each(:jobs)
 WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
 ORDER BY key
