@@ -140,3 +140,18 @@ async def test_three_workers_counters_add_up_to_the_database(
     assert workers.log(0).count("Traceback (most recent call last)") == len(text_finals)
     retries = [r for r in records if r.get("job_type") == "flaky" and r.get("retry_at")]
     assert all("(attempt 1/3)" in r["message"] for r in retries)
+
+
+async def test_a_busy_metrics_port_is_a_usage_error(
+    client: Conveyor, workers: WorkerProcesses
+) -> None:
+    import socket
+
+    await client.migrate()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = workers.start("--metrics-port", str(port), app=APP)
+        assert proc.wait(60) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in workers.log(0)
