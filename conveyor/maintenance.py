@@ -44,7 +44,7 @@ class Rescuer:
         if rescued and self.metrics is not None:
             # Rescues are rare: one more read for their types costs nothing in steady state.
             for job in await self.store.get_many([r.job_id for r in rescued]):
-                self.metrics.of(job.type, job.queue).rescued.inc()
+                self.metrics.of(job.type, job.queue).rescued += 1
         return rescued
 
 

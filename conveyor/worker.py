@@ -548,8 +548,8 @@ class Worker:
         run.began = time.perf_counter()
         if self._metrics is not None:
             m = run.metrics = self._metrics.of(job.type, job.queue)
-            m.started.inc()
-            m.running.inc()
+            m.started += 1
+            m.running += 1
             if job.started_at is not None:
                 m.wait_seconds.observe(max(0.0, (job.started_at - job.run_at).total_seconds()))
         if log.isEnabledFor(logging.DEBUG):
@@ -809,7 +809,7 @@ class Worker:
         self._active -= 1
         self.processed += 1
         if run.metrics is not None:
-            run.metrics.running.dec()
+            run.metrics.running -= 1
         if settlement is None:
             self.leases.release((run,))
             self._lost(run)
@@ -878,13 +878,13 @@ class Worker:
         if m is not None:
             m.run_seconds.observe(run.elapsed)
             if status is Status.SUCCEEDED:
-                m.succeeded.inc()
+                m.succeeded += 1
             elif status is Status.FAILED:
-                m.failed.inc()
+                m.failed += 1
             elif status is Status.CANCELLED:
-                m.cancelled.inc()
+                m.cancelled += 1
             elif retry_at is not None:
-                m.retried.inc()
+                m.retried += 1
         level = logging.ERROR if status is Status.FAILED else logging.INFO
         if log.isEnabledFor(level):
             fields = dict(run.fields(self.id))
@@ -914,7 +914,7 @@ class Worker:
     def _lost(self, run: _Run, why: str = "lease lost; its result is dropped") -> None:
         """Count, log and announce a run whose lease is gone."""
         if run.metrics is not None:
-            run.metrics.lease_losses.inc()
+            run.metrics.lease_losses += 1
         log.warning("job %s after %.3fs", why, run.elapsed, extra=run.fields(self.id))
         hooks = self._hooks
         if hooks.attempt_end:
