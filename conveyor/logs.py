@@ -28,23 +28,21 @@ class TextFormatter(logging.Formatter):
     One line per record; a traceback, when the record has one, follows on its own lines.
     """
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        return _utc(record.created)
-
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        fields = " ".join(
-            f"{name}={value}" for name in FIELDS if (value := record.__dict__.get(name)) is not None
-        )
-        tb = record.__dict__.get("traceback")
-        if fields:
-            head, sep, rest = line.partition("\n")
-            line = f"{head} {fields}{sep}{rest}"
+        # Written out rather than through a format string: a worker formats a line per
+        # job, and this is about half the cost of logging.Formatter's way.
+        attrs = record.__dict__
+        parts = [_utc(record.created), record.levelname, f"{record.name}:", record.getMessage()]
+        for name in FIELDS:
+            value = attrs.get(name)
+            if value is not None:
+                parts.append(f"{name}={value}")
+        line = " ".join(parts)
+        tb = attrs.get("traceback")
         if tb:
             line = f"{line}\n{tb.rstrip()}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
         return line
 
 
@@ -72,9 +70,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+_second: tuple[int, str] = (0, "")  # the last whole second formatted, and its text
+
+
 def _utc(created: float) -> str:
-    seconds = time.gmtime(created)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", seconds) + f".{int(created % 1 * 1000):03d}Z"
+    global _second
+    whole, text = _second  # one tuple: threads never see a second with another's text
+    if whole != int(created):
+        whole = int(created)
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{int(created % 1 * 1000):03d}Z"
 
 
 class JobLogger(logging.LoggerAdapter[logging.Logger]):
