@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from typing import IO, Any
 
 # The record attributes a job's lines carry, in the order text lines print them.
@@ -210,10 +210,8 @@ def _is_terminal(stream: IO[str]) -> bool:
         return False
 
 
-def job_fields(
-    job_id: str, job_type: str, queue: str, attempt: int, worker: str
-) -> Mapping[str, Any]:
-    """The record attributes of one attempt's lines."""
+def job_fields(job_id: str, job_type: str, queue: str, attempt: int, worker: str) -> dict[str, Any]:
+    """The record attributes of one attempt's lines (a new dict: add to it freely)."""
     return {
         "job_id": job_id,
         "job_type": job_type,

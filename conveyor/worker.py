@@ -142,7 +142,7 @@ class _Run:
     elapsed: float = 0.0  # the handler's run time, once finished
     metrics: TypeMetrics | None = None
 
-    def fields(self, worker_id: str) -> Mapping[str, Any]:
+    def fields(self, worker_id: str) -> dict[str, Any]:
         job = self.job
         return job_fields(job.id, job.type, job.queue, job.attempt, worker_id)
 
@@ -887,7 +887,7 @@ class Worker:
                 m.retried += 1
         level = logging.ERROR if status is Status.FAILED else logging.INFO
         if log.isEnabledFor(level):
-            fields = dict(run.fields(self.id))
+            fields = run.fields(self.id)
             fields["outcome"] = None if s.outcome is None else s.outcome.value
             fields["duration"] = round(run.elapsed, 6)
             if retry_at is not None:
