@@ -149,6 +149,7 @@ def health(h: Health) -> dict[str, Any]:
         "stale_running": c.stale_running,
         "workers": c.workers,
         "live_workers": c.live_workers,
+        "dead_workers": c.dead_workers,
         "last_heartbeat": iso(c.last_heartbeat),
         "heartbeat_age": h.heartbeat_age,
         "error": None,

@@ -1390,6 +1390,8 @@ class PostgresStore:
             "hostname": worker.hostname,
             "pid": worker.pid,
             "queues": list(worker.queues),
+            "lease_seconds": worker.lease,
+            "heartbeat_seconds": worker.heartbeat_interval,
             "concurrency": worker.concurrency,
             "now": self._now(),
         }
@@ -1409,6 +1411,8 @@ class PostgresStore:
                 started_at=_utc(row["started_at"]),
                 heartbeat_at=_utc(row["heartbeat_at"]),
                 stopped_at=_utc(row["stopped_at"]),
+                lease=row["lease_seconds"],
+                heartbeat_interval=row["heartbeat_seconds"],
             )
             for row in await self._fetch("workers")
         ]
@@ -1514,6 +1518,7 @@ class PostgresStore:
             live_workers=row["live_workers"],
             last_heartbeat=_utc(row["last_heartbeat"]),
             now=now,
+            dead_workers=row["dead_workers"],
         )
 
     async def create_token(self, token: Token) -> None:

@@ -1163,6 +1163,8 @@ class SQLiteStore:
             "hostname": worker.hostname,
             "pid": worker.pid,
             "queues": json.dumps(list(worker.queues)),
+            "lease_seconds": worker.lease,
+            "heartbeat_seconds": worker.heartbeat_interval,
             "concurrency": worker.concurrency,
             "now": self._clock(),
         }
@@ -1184,6 +1186,8 @@ class SQLiteStore:
                     started_at=_ts(r["started_at"]),
                     heartbeat_at=_ts(r["heartbeat_at"]),
                     stopped_at=_ts(r["stopped_at"]),
+                    lease=r["lease_seconds"],
+                    heartbeat_interval=r["heartbeat_seconds"],
                 )
                 for r in conn.execute(_Q["workers"])
             ]
@@ -1328,6 +1332,7 @@ class SQLiteStore:
                 live_workers=r["live_workers"],
                 last_heartbeat=_ts(r["last_heartbeat"]),
                 now=datetime.fromtimestamp(now, UTC),
+                dead_workers=r["dead_workers"],
             )
 
         return await self._run(read)
