@@ -719,6 +719,24 @@ class Health:
         """True when no worker would run a queued job now."""
         return not self.counts.live_workers
 
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict and counts, as ``GET /health/ready`` and ``conveyor status --json``
+        give them."""
+        c = self.counts
+        return {
+            "status": self.status,
+            "queued": c.queued,
+            "due": c.due,
+            "running": c.running,
+            "stale_running": c.stale_running,
+            "workers": c.workers,
+            "live_workers": c.live_workers,
+            "dead_workers": c.dead_workers,
+            "last_heartbeat": c.last_heartbeat.isoformat() if c.last_heartbeat else None,
+            "heartbeat_age": self.heartbeat_age,
+            "error": None,
+        }
+
 
 def _rate(value: str | None) -> tuple[int, float] | None:
     if value is None:
