@@ -974,8 +974,7 @@ def serve(
         from conveyor.web import ApiOptions, create_api
     except ImportError as exc:
         _fail(
-            f"serve needs the web extra ({exc.name} is not installed): "
-            'pip install "conveyor[web]"',
+            f'serve needs the web extra ({exc.name} is not installed): pip install "conveyor[web]"',
             EXIT_USAGE,
         )
     _check_port(host, port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import operator
@@ -305,7 +306,17 @@ def parse_postgres_url(url: str) -> dict[str, str]:
                 f"malformed PostgreSQL URL {_redact(url)!r}: port {port!r} is not a number "
                 "from 1 to 65535"
             )
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {_redact(url)!r}: sslmode {sslmode!r} is not one of "
+            f"{', '.join(_SSLMODES)}"
+        )
     return {k: str(v) for k, v in params.items()}
+
+
+# libpq's values of sslmode; another is a setting to fix, not a server to wait for.
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 def _describe(params: Mapping[str, str]) -> str:
@@ -491,6 +502,28 @@ def _standard_loaders(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) ->
     cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
 
 
+def _on_database(
+    expected: tuple[str, datetime], steps: _Steps[T], checked: Callable[[], None]
+) -> _Steps[T]:
+    """Run ``steps`` only if the application's connection is on this store's database.
+
+    A connection to another database would fail on a missing table, or worse, write the
+    jobs into another conveyor's tables; nothing is written before this check.
+    """
+    (row,) = yield _Q["database_identity"], {}
+    if (row["database"], row["started"]) != expected:
+        where = row["database"]
+        if row["database"] == expected[0]:
+            where = f"{where} on another server"
+        raise ConfigurationError(
+            f"connection= is to database {where!r}, but this application uses "
+            f"{expected[0]!r}: pass a connection to the application's database, or submit "
+            "without connection="
+        )
+    checked()
+    return (yield from steps)
+
+
 async def _run_steps(conn: psycopg.AsyncConnection[Any], steps: _Steps[T]) -> T:
     async with conn.cursor(row_factory=dict_row) as cursor:
         _standard_loaders(cursor)
@@ -557,6 +590,8 @@ class PostgresStore:
         self._cancelled: set[str] = set()
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
+        # Applications' connections found to be on this database (checked once each).
+        self._same_database: weakref.WeakSet[object] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"<PostgresStore {_redact(self.url)}>"
@@ -778,6 +813,13 @@ class PostgresStore:
                 return await self._run(insert)
             return await self._transaction(insert)
         steps = _submit_steps(jobs, self._now())
+        known = (psycopg.AsyncConnection, psycopg.Connection)
+        if isinstance(connection, known) and connection not in self._same_database:
+            steps = _on_database(
+                await self._database(),
+                steps,
+                functools.partial(self._same_database.add, connection),
+            )
         if isinstance(connection, psycopg.AsyncConnection):
             if connection.autocommit:
                 async with connection.transaction():
@@ -791,6 +833,12 @@ class PostgresStore:
             f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
             "its driver_connection, with Django django.db.connection.connection"
         )
+
+    async def _database(self) -> tuple[str, datetime]:
+        """This store's database: its name and its server's start time (read each time: a
+        restart changes the start time)."""
+        (row,) = await self._fetch("database_identity")
+        return (row["database"], row["started"])
 
     async def get(self, job_id: str) -> Job | None:
         rows = await self._fetch("get", {"id": job_id})

@@ -783,3 +783,8 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: database_identity
+-- Which database a connection is on: its name and its server's start time, which tells
+-- two servers apart when their databases have the same name.
+SELECT current_database() AS database, pg_postmaster_start_time() AS started;
