@@ -264,7 +264,11 @@ def main(log_level: str) -> None:
     """conveyor: durable background jobs on SQLite and PostgreSQL.
 
     Exit codes: 0 success, 1 job failed or action refused, 2 usage or configuration
-    error, 3 job not found, 4 database unavailable.
+    error, 3 job not found, 4 database unavailable, 130 interrupted while waiting.
+
+    Read commands take --json. Durations: 30 (seconds), 500ms, 2s, 15m, 1h30m. Shell
+    completion: eval "$(_CONVEYOR_COMPLETE=bash_source conveyor)" (or zsh_source,
+    fish_source) in your shell's start-up file.
     """
     handler: logging.Handler
     if err_console.is_terminal:

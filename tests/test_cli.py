@@ -155,6 +155,26 @@ async def test_status_counts_a_live_worker_then_its_clean_stop(
     assert [w["state"] for w in document["workers"]] == ["stopped"]
 
 
+async def test_a_killed_worker_is_dead_once_its_lease_has_passed(
+    app: Conveyor, db_url: str, worker: subprocess.Popen[bytes]
+) -> None:
+    async def live() -> bool:
+        return (await app.health()).counts.live_workers == 1
+
+    await eventually(live, timeout=60)
+    worker.kill()  # no deregistration: only its silence tells
+    await asyncio.to_thread(worker.wait, 30)
+
+    async def dead() -> bool:
+        return (await app.health()).counts.dead_workers == 1
+
+    await eventually(dead, timeout=60)  # its lease is 2 s
+    document = json.loads((await acli("status", "--json", "--database-url", db_url)).stdout)
+    assert document["health"]["status"] == "unhealthy"
+    assert (document["health"]["live_workers"], document["health"]["dead_workers"]) == (0, 1)
+    assert [w["state"] for w in document["workers"]] == ["dead"]
+
+
 # -- status words, durations, tracebacks, cancel --wait -----------------------------------
 
 
@@ -379,3 +399,15 @@ async def test_rest_422_for_an_unknown_type_speaks_to_the_api_client(app: Convey
     assert detail.startswith("unknown job type 'build_reprot' (did you mean 'build_report'?)")
     assert "this server runs: build_report, explode, sleepy" in detail
     assert "@app.job" not in detail
+
+
+def test_shell_completion_is_generated_by_the_documented_variable() -> None:
+    env = _env() | {"_CONVEYOR_COMPLETE": "bash_source"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from conveyor.cli import main; main(prog_name='conveyor')"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "_conveyor_completion" in done.stdout
+    readme = (ROOT / "README.md").read_text()
+    assert 'eval "$(_CONVEYOR_COMPLETE=bash_source conveyor)"' in readme
