@@ -179,7 +179,7 @@ def _job_rows(r: Job) -> list[tuple[str, str]]:
         rows.append(("progress", f"{bar}{p.done:g}/{p.total or 0:g} {p.message or ''}"))
     if r.state is not None:
         rows.append(("state", json.dumps(r.state)))
-    if r.status is Status.SUCCEEDED:
+    if r.status is Status.SUCCEEDED or r.result is not None:
         rows.append(("result", json.dumps(r.result)))
     if r.error:
         rows.append(("error", r.error))

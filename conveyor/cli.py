@@ -804,8 +804,7 @@ def jobs_list(
     limit: int,
     as_json: bool,
 ) -> None:
-    """List jobs by id, descending (newest first for generated ids): top-level ones
-    unless --include-children.
+    """List jobs, newest first (by creation time): top-level ones unless --include-children.
 
     scheduled and retrying are queued jobs due later (retrying: after a failed attempt),
     as the tables show them.
