@@ -193,9 +193,8 @@ def _app_from(
     creates nothing (a typo in a path would otherwise show an empty new database).
     """
     ctx = click.get_current_context(silent=True)
-    if ctx is not None and database_url:
-        source = ctx.get_parameter_source("database_url")
-        _url_source["flag"] = source is click.core.ParameterSource.COMMANDLINE
+    source = ctx.get_parameter_source("database_url") if ctx is not None else None
+    _url_source["flag"] = bool(database_url) and source is click.core.ParameterSource.COMMANDLINE
     try:
         if app_spec:
             app = load_app(app_spec)
