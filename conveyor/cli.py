@@ -847,7 +847,7 @@ def jobs_show(
         job = await jobs.get(job_id)
         shown.append(job)
         if following and not job.terminal:
-            await follow(job, None)
+            await _wait_for(target, job, None)
         hint = await target.no_worker_hint() if job.status is Status.QUEUED else None
         return job, await job.attempts(), hint
 

@@ -411,3 +411,23 @@ def test_shell_completion_is_generated_by_the_documented_variable() -> None:
     assert "_conveyor_completion" in done.stdout
     readme = (ROOT / "README.md").read_text()
     assert 'eval "$(_CONVEYOR_COMPLETE=bash_source conveyor)"' in readme
+
+
+async def test_ctrl_c_while_following_a_job_exits_130_and_leaves_it_alone(
+    app: Conveyor, db_url: str
+) -> None:
+    job = await app.submit("build_report", {"months": 1})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "conveyor", "jobs", "show", job.id, "--follow",
+        "--database-url", db_url,
+        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    async with asyncio.timeout(60):
+        while not (line := (await proc.stderr.readline()).decode()).startswith("warning:"):
+            assert line, "the command ended before it began to follow"
+        proc.send_signal(signal.SIGINT)
+        rest = (await proc.stderr.read()).decode()
+        assert await proc.wait() == 130
+    assert f"stopped waiting; job {job.id} is still queued and keeps going" in rest
+    assert (await job.refresh()).status is Status.QUEUED
