@@ -146,8 +146,10 @@ def load_app(spec: str) -> Conveyor:
         sys.path.insert(0, os.getcwd())
     try:
         found = importlib.util.find_spec(module_name) is not None
-    except (ImportError, ValueError):  # a parent package is missing or broken
-        found = False
+    except ModuleNotFoundError as exc:  # a parent package is missing...
+        found = not module_name.startswith(exc.name or "")
+    except Exception:  # ...or found, and its own import fails: shown below
+        found = True
     if not found:
         raise click.BadParameter(
             f"cannot find module {module_name!r}; run from the folder that contains it "
