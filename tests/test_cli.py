@@ -295,6 +295,13 @@ def test_a_module_that_fails_to_import_shows_its_real_error(tmp_path: Path) -> N
     assert "Traceback (most recent call last)" in broken.stderr
     assert 'broken.py", line 1' in broken.stderr
 
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('bad settings')\n")
+    (tmp_path / "pkg" / "jobs.py").write_text("")
+    package = cli("worker", "pkg.jobs:app", cwd=tmp_path)
+    assert package.returncode == 2
+    assert "module 'pkg.jobs' was found but importing it failed: RuntimeError" in package.stderr
+
     absent = cli("worker", "jbos:app", cwd=tmp_path)
     assert absent.returncode == 2 and "cannot find module 'jbos'" in absent.stderr
 
