@@ -40,12 +40,12 @@ from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
-from conveyor.store._scripts import Script
 from conveyor.store.postgres._codec import (
     DIALECT,
     as_float,
     fetch_jobs,
     job_of_row,
+    on_database,
     run_steps,
     run_steps_sync,
     settle_params,
@@ -440,7 +440,7 @@ class PostgresStore:
         steps = submit_steps(jobs, self._now())
         known = (psycopg.AsyncConnection, psycopg.Connection)
         if isinstance(connection, known) and connection not in self._same_database:
-            steps = _on_database(
+            steps = on_database(
                 await self._database(),
                 steps,
                 functools.partial(self._same_database.add, connection),
@@ -784,25 +784,3 @@ class PostgresStore:
 
     async def list_tokens(self) -> list[Token]:
         return [scripts.token(DIALECT, row) for row in await self._fetch("list_tokens")]
-
-
-def _on_database(
-    expected: tuple[str, datetime], steps: Script[T], checked: Callable[[], None]
-) -> Script[T]:
-    """Run ``steps`` only if the application's connection is on this store's database.
-
-    A connection to another database would fail on a missing table, or worse, write the
-    jobs into another conveyor's tables; nothing is written before this check.
-    """
-    (row,) = yield "database_identity", {}
-    if (row["database"], row["started"]) != expected:
-        where = row["database"]
-        if row["database"] == expected[0]:
-            where = f"{where} on another server"
-        raise ConfigurationError(
-            f"connection= is to database {where!r}, but this application uses "
-            f"{expected[0]!r}: pass a connection to the application's database, or submit "
-            "without connection="
-        )
-    checked()
-    return (yield from steps)
