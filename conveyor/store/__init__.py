@@ -10,7 +10,6 @@ from conveyor.store.protocol import (
     Beat,
     HealthCounts,
     JobPageQuery,
-    JobQuery,
     Lease,
     LeaseRecord,
     Limits,
@@ -59,11 +58,19 @@ def create_store(
     )
 
 
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL, None for another scheme (raises on a malformed one)."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    from conveyor.store.sqlite.backend import parse_sqlite_url
+
+    return parse_sqlite_url(url)
+
+
 __all__ = [
     "Beat",
     "HealthCounts",
     "JobPageQuery",
-    "JobQuery",
     "Lease",
     "LeaseRecord",
     "Limits",
@@ -76,4 +83,5 @@ __all__ = [
     "Submitted",
     "WorkerInfo",
     "create_store",
+    "sqlite_path",
 ]

@@ -84,7 +84,7 @@ class _Snapshot(Collector):
         return self.families
 
 
-async def render(app: Conveyor, metrics: ApiMetrics, *, stale_after: float, polls: int) -> bytes:
+async def render(app: Conveyor, metrics: ApiMetrics, *, polls: int) -> bytes:
     """Return the text exposition of every metric: the API's, the application's jobs
     submitted (and run, with ``serve --with-worker``) in this process, and the cluster's,
     read from the database at most once a second."""
@@ -94,7 +94,7 @@ async def render(app: Conveyor, metrics: ApiMetrics, *, stale_after: float, poll
         cluster = cached[1]
     else:
         queues = await app.queues()
-        health = await app.health(stale_after=stale_after)
+        health = await app.health()
         lag = await app.queue_lag()
         cluster = [*_cluster(queues, health), *_lag(lag)]
         metrics.cluster = (now, cluster)
@@ -151,7 +151,8 @@ def _cluster(queues: list[QueueInfo], health: Health) -> list[Metric]:
         "conveyor_workers", "Workers registered, by state.", labels=["state"]
     )
     workers.add_metric(["live"], float(c.live_workers))
-    workers.add_metric(["stopped"], float(c.workers - c.live_workers))
+    workers.add_metric(["dead"], float(c.dead_workers))
+    workers.add_metric(["stopped"], float(c.workers - c.live_workers - c.dead_workers))
     age = GaugeMetricFamily(
         "conveyor_worker_heartbeat_age_seconds",
         "Seconds since the newest worker heartbeat (NaN when no worker ever ran).",

@@ -64,19 +64,6 @@ WHERE id = ANY(%(ids)s::text[])
 -- One job by id.
 SELECT * FROM conveyor_jobs WHERE id = %(id)s;
 
--- name: list_jobs
--- Jobs matching optional filters, newest first, keyset-paginated on id.
-SELECT * FROM conveyor_jobs
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(type)s::text IS NULL OR type = %(type)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
-  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
-  AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
-ORDER BY id DESC
-LIMIT %(limit)s;
-
 -- name: attempts
 -- A job's attempts, oldest first.
 SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
@@ -285,15 +272,18 @@ RETURNING *;
 -- name: register_worker
 -- Record a worker process as started.
 INSERT INTO conveyor_workers (
-    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at
+    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at,
+    lease_seconds, heartbeat_seconds
 ) VALUES (
     %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL,
+    %(lease_seconds)s, %(heartbeat_seconds)s
 )
 ON CONFLICT (id) DO UPDATE
 SET hostname = excluded.hostname, pid = excluded.pid, queues = excluded.queues,
     concurrency = excluded.concurrency, started_at = excluded.started_at,
-    heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+    heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
+    lease_seconds = excluded.lease_seconds, heartbeat_seconds = excluded.heartbeat_seconds;
 
 -- name: deregister_worker
 -- Record a worker process as stopped.
@@ -320,8 +310,8 @@ VALUES (%(name)s, %(paused)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.paused_at;
 
 -- name: now
--- The database's clock.
-SELECT now() AS now;
+-- The store's clock: the pinned time, or the database's (the transaction's start).
+SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 
 -- name: session_settings
 -- Settings of conveyor's own connections. A client that stops in the middle of a
@@ -581,7 +571,8 @@ FOR UPDATE SKIP LOCKED;
 -- name: advance_schedule
 -- Move a schedule to its next tick, only if no other worker did it first.
 UPDATE conveyor_schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
-WHERE name = %(name)s AND next_run_at = %(expected)s;
+WHERE name = %(name)s AND next_run_at = %(expected)s
+RETURNING name;
 
 -- name: schedules
 -- Every schedule, by name.
@@ -671,20 +662,28 @@ WHERE r.parent_id IS NULL AND r.status = %(status)s
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
--- name: prune_trees
--- Delete the given trees: their finished jobs, their attempts and dependency edges.
-WITH doomed AS (
+-- name: prune_attempts
+-- Delete the attempts of the given trees' finished jobs.
+DELETE FROM conveyor_attempts WHERE job_id IN (
     SELECT id FROM conveyor_jobs
     WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
       AND status IN ('succeeded', 'failed', 'cancelled')
-),
-attempts AS (
-    DELETE FROM conveyor_attempts WHERE job_id IN (SELECT id FROM doomed)
-),
-edges AS (
-    DELETE FROM conveyor_dependencies WHERE job_id IN (SELECT id FROM doomed)
-)
-DELETE FROM conveyor_jobs WHERE id IN (SELECT id FROM doomed);
+);
+
+-- name: prune_dependencies
+-- Delete the dependency edges of the given trees' finished jobs.
+DELETE FROM conveyor_dependencies WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+);
+
+-- name: prune_trees
+-- Delete the given trees' finished jobs.
+DELETE FROM conveyor_jobs
+WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+  AND status IN ('succeeded', 'failed', 'cancelled')
+RETURNING id;
 
 -- name: page_jobs_newest_first
 -- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
@@ -765,9 +764,18 @@ SELECT
      WHERE status = 'running'
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS stale_running,
     (SELECT count(*) FROM conveyor_workers) AS workers,
-    (SELECT count(*) FROM conveyor_workers WHERE stopped_at IS NULL) AS live_workers,
+    -- Live: not stopped, and heartbeating within its own lease. Dead: not stopped, but
+    -- silent for longer than its lease (killed, frozen or cut off).
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL
+       AND heartbeat_at >= coalesce(%(now)s::timestamptz, now())
+                           - lease_seconds * interval '1 second') AS live_workers,
     (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
-    coalesce(%(now)s::timestamptz, now()) AS now;
+    coalesce(%(now)s::timestamptz, now()) AS now,
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL
+       AND heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                          - lease_seconds * interval '1 second') AS dead_workers;
 
 -- name: create_token
 -- Store a new API token.
@@ -792,6 +800,11 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: database_identity
+-- Which database a connection is on: its name and its server's start time, which tells
+-- two servers apart when their databases have the same name.
+SELECT current_database() AS database, pg_postmaster_start_time() AS started;
 
 -- name: queue_lag
 -- Per queue: queued jobs whose run_at has passed, and how long the oldest of them waits.
