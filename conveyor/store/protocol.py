@@ -361,3 +361,43 @@ class Store(Protocol):
 
     async def list_tokens(self) -> list[Token]:
         """Return every token, newest first."""
+
+    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an entry to the audit log (who did what, when, on what)."""
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
+        queue wait, read by a range of the index on ``finished_at``."""
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        """Return the names of named leases ever taken, by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One action taken through the API or the dashboard: who, what, when, on what."""
+
+    at: datetime
+    tenant: str
+    token_id: str
+    action: str  # e.g. "job.cancel", "queue.pause", "schedule.run"
+    target: str  # what it acted on: a job id, a queue or schedule name
+    detail: str | None = None
+    id: int | None = None  # assigned by the store
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteStats:
+    """What ended during one minute."""
+
+    minute: datetime
+    succeeded: int
+    failed: int
+    wait_seconds: float | None  # mean of started_at - run_at over the jobs that ended

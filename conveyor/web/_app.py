@@ -27,6 +27,7 @@ class ApiOptions:
     wait_tick: float = 0.1  # how often the shared long-poll loop reads waited-for jobs
     heartbeat_stale_after: float = 60.0  # a worker heartbeat older than this is stale
     title: str = "conveyor"
+    dashboard: bool = True  # serve the dashboard at /ui (docs/dashboard.md)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
@@ -70,4 +71,11 @@ def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
     api.add_middleware(MetricsMiddleware, metrics=metrics)
     api.include_router(router)
     _openapi.install(api, app, opts)
+    if opts.dashboard:
+        from conveyor.web.ui import DashboardOptions, create_dashboard
+
+        dashboard = create_dashboard(
+            app, options=DashboardOptions(heartbeat_stale_after=opts.heartbeat_stale_after)
+        )
+        api.mount("/ui", dashboard, name="dashboard")
     return api

@@ -204,3 +204,8 @@ def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(ConveyorError, on_conveyor)
     api.add_exception_handler(IllegalTransition, on_conveyor)
     api.add_exception_handler(Exception, on_unexpected)
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status of a conveyor error (400 for one not listed)."""
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), 400)

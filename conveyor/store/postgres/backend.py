@@ -53,6 +53,8 @@ from conveyor.errors import (
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store.protocol import (
+    AuditEntry,
+    MinuteStats,
     Beat,
     HealthCounts,
     JobPageQuery,
@@ -1540,6 +1542,52 @@ class PostgresStore:
 
     async def list_tokens(self) -> list[Token]:
         return [_token(row) for row in await self._fetch("list_tokens")]
+
+
+    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        params = {
+            "at": entry.at,
+            "tenant": entry.tenant,
+            "token_id": entry.token_id,
+            "action": entry.action,
+            "target": entry.target,
+            "detail": entry.detail,
+        }
+        await self._execute("record_audit", params)
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
+        name = "audit_log" if tenant is None else "tenant_audit_log"
+        return [
+            AuditEntry(
+                at=_utc(r["at"]) or datetime.fromtimestamp(0, UTC),
+                tenant=r["tenant"],
+                token_id=r["token_id"],
+                action=r["action"],
+                target=r["target"],
+                detail=r["detail"],
+                id=r["id"],
+            )
+            for r in await self._fetch(name, params)
+        ]
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        return [
+            MinuteStats(
+                minute=datetime.fromtimestamp(int(r["minute"]) * 60, UTC),
+                succeeded=int(r["succeeded"]),
+                failed=int(r["failed"]),
+                wait_seconds=_float(r["wait"]),
+            )
+            for r in await self._fetch("minute_stats", {"since": since})
+        ]
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
 
 
 def _float(value: float | None) -> float | None:

@@ -771,3 +771,36 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (coalesce(%(at)s, now()), %(tenant)s, %(token_id)s, %(action)s, %(target)s, %(detail)s);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = %(tenant)s AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (an index-only range of conveyor_jobs_finished_at).
+SELECT floor(extract(epoch FROM finished_at) / 60)::bigint AS minute,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       avg(extract(epoch FROM started_at - run_at))::float8 AS wait
+FROM conveyor_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s
+GROUP BY 1
+ORDER BY 1;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;

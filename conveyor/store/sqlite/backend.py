@@ -47,6 +47,8 @@ from conveyor.errors import (
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._rows import STATUS, job_picker
 from conveyor.store.protocol import (
+    AuditEntry,
+    MinuteStats,
     Beat,
     HealthCounts,
     JobPageQuery,
@@ -1366,6 +1368,62 @@ class SQLiteStore:
     async def list_tokens(self) -> list[Token]:
         def read(conn: sqlite3.Connection) -> list[Token]:
             return [_token(r) for r in conn.execute(_Q["list_tokens"])]
+
+        return await self._run(read)
+
+
+    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        params = {
+            "at": _epoch(entry.at),
+            "tenant": entry.tenant,
+            "token_id": entry.token_id,
+            "action": entry.action,
+            "target": entry.target,
+            "detail": entry.detail,
+        }
+        await self._write(lambda conn: conn.execute(_Q["record_audit"], params))
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
+        name = "audit_log" if tenant is None else "tenant_audit_log"
+
+        def read(conn: sqlite3.Connection) -> list[AuditEntry]:
+            return [
+                AuditEntry(
+                    at=datetime.fromtimestamp(r["at"], UTC),
+                    tenant=r["tenant"],
+                    token_id=r["token_id"],
+                    action=r["action"],
+                    target=r["target"],
+                    detail=r["detail"],
+                    id=r["id"],
+                )
+                for r in conn.execute(_Q[name], params)
+            ]
+
+        return await self._run(read)
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        def read(conn: sqlite3.Connection) -> list[MinuteStats]:
+            return [
+                MinuteStats(
+                    minute=datetime.fromtimestamp(r["minute"] * 60, UTC),
+                    succeeded=r["succeeded"],
+                    failed=r["failed"],
+                    wait_seconds=r["wait"],
+                )
+                for r in conn.execute(_Q["minute_stats"], {"since": _epoch(since)})
+            ]
+
+        return await self._run(read)
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            return [r["name"] for r in conn.execute(_Q["lease_names"], {"limit": limit})]
 
         return await self._run(read)
 

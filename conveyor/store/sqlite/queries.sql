@@ -579,3 +579,36 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (:at, :tenant, :token_id, :action, :target, :detail);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = :tenant AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (a range of conveyor_jobs_finished_at, which covers these columns).
+SELECT CAST(finished_at / 60 AS INTEGER) AS minute,
+       sum(status = 'succeeded') AS succeeded,
+       sum(status = 'failed') AS failed,
+       avg(started_at - run_at) AS wait
+FROM conveyor_jobs INDEXED BY conveyor_jobs_finished_at
+WHERE finished_at IS NOT NULL AND finished_at >= :since
+GROUP BY minute
+ORDER BY minute;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;

@@ -1,0 +1,64 @@
+"""Building the dashboard: options, state, templates and the error pages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
+
+from conveyor.client import Conveyor
+from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.web._problems import status_of
+from conveyor.web.ui import _routes
+from conveyor.web.ui._session import Sessions
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardOptions:
+    """Settings of the dashboard, validated when built."""
+
+    session_ttl: float = 8 * 3600.0  # a session ends this many seconds after sign-in
+    refresh: float = 2.0  # how often live parts of a page refresh, in seconds (0: never)
+    heartbeat_stale_after: float = 60.0  # a worker heartbeat older than this is stale
+    page_size: int = 50  # jobs per page
+
+    def __post_init__(self) -> None:
+        if not 60 <= self.session_ttl <= 30 * 86_400:
+            raise ConfigurationError("session_ttl must be between 60 seconds and 30 days")
+        if not (self.refresh == 0 or 0.1 <= self.refresh <= 3600):
+            raise ConfigurationError("refresh must be 0 (never) or between 0.1 and 3600 seconds")
+        if self.heartbeat_stale_after <= 0:
+            raise ConfigurationError("heartbeat_stale_after must be positive")
+        if not 1 <= self.page_size <= 1000:
+            raise ConfigurationError("page_size must be between 1 and 1000")
+
+
+def create_dashboard(app: Conveyor, *, options: DashboardOptions | None = None) -> FastAPI:
+    """Return the dashboard of ``app`` as an ASGI application, to mount where it fits:
+    ``main.mount("/ui", create_dashboard(app))`` (``conveyor serve`` mounts it at /ui)."""
+    opts = options or DashboardOptions()
+    ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    ui.state.conveyor = app
+    ui.state.options = opts
+    ui.state.sessions = Sessions(opts.session_ttl)
+    ui.mount("/static", StaticFiles(packages=[("conveyor.web.ui", "static")]), name="static")
+    ui.include_router(_routes.router)
+
+    async def on_conveyor(request: Request, exc: Exception) -> Response:
+        return _routes.error_page(request, status_of(exc), str(exc))
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return _routes.error_page(request, exc.status_code, str(exc.detail))
+
+    async def on_sign_in(request: Request, exc: Exception) -> Response:
+        return _routes.to_sign_in(request)
+
+    ui.add_exception_handler(ConveyorError, on_conveyor)
+    ui.add_exception_handler(StarletteHTTPException, on_http)
+    ui.add_exception_handler(_routes.SignInFirst, on_sign_in)
+    return ui
