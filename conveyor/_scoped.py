@@ -213,7 +213,9 @@ class TenantView:
         ``limit``: the number a bulk action would act on."""
         return len(await self._ids(filters, limit))
 
-    async def bulk(self, action: str, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT) -> int:
+    async def bulk(
+        self, action: str, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT
+    ) -> int:
         """Cancel (``action="cancel"``) the unfinished jobs, or retry (``"retry"``) the
         failed and cancelled ones, among those ``filters`` select; return how many."""
         self.require(Role.WRITE)
@@ -319,7 +321,9 @@ class TenantView:
         )
         await store.record_audit(entry)
 
-    async def audit_log(self, *, before_id: int | None = None, limit: int = 100) -> list[AuditEntry]:
+    async def audit_log(
+        self, *, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
         """The audit log, newest first: every tenant's for an admin, else the tenant's own."""
         store = await self.app.store()
         tenant = None if self.principal.is_admin else self.principal.tenant

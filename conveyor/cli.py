@@ -58,7 +58,7 @@ from conveyor.errors import (
     UnknownJobType,
 )
 from conveyor.remote import RemoteClient
-from conveyor.store import Retention
+from conveyor.store import QueueInfo, Retention
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -435,6 +435,12 @@ class JobsTarget(Protocol):
 
     async def retry(self, job_id: str) -> ShownJob: ...
 
+    async def queues(self) -> list[QueueInfo]: ...
+
+    async def pause(self, queue: str) -> None: ...
+
+    async def resume(self, queue: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -660,6 +666,40 @@ def jobs_retry(target: Target, job_id: str) -> None:
     """Retry a failed or cancelled job as a new job (the old one is kept as it is)."""
     job = target.run(lambda jobs: jobs.retry(job_id))
     console.print(f"job {job_id} retried as [bold]{job.id}[/]")
+
+
+# -- queues ----------------------------------------------------------------------------
+
+
+@main.group()
+def queues() -> None:
+    """List queues with their job counts; pause and resume claiming from one."""
+
+
+@queues.command("list")
+@_jobs_target
+def queues_list(target: Target) -> None:
+    """List queues with their job counts per status and whether each is paused."""
+    found = target.run(lambda jobs: jobs.queues())
+    console.print(queues_table(found))
+
+
+@queues.command("pause")
+@click.argument("queue")
+@_jobs_target
+def queues_pause(target: Target, queue: str) -> None:
+    """Stop workers claiming jobs from QUEUE (running jobs finish)."""
+    target.run(lambda jobs: jobs.pause(queue))
+    console.print(f"queue {queue} paused: workers claim no new job from it")
+
+
+@queues.command("resume")
+@click.argument("queue")
+@_jobs_target
+def queues_resume(target: Target, queue: str) -> None:
+    """Let workers claim jobs from QUEUE again."""
+    target.run(lambda jobs: jobs.resume(queue))
+    console.print(f"queue {queue} resumed")
 
 
 # -- serve -----------------------------------------------------------------------------

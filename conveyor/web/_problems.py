@@ -25,6 +25,7 @@ from conveyor.errors import (
     InvalidPayload,
     InvalidState,
     JobNotFound,
+    ScheduleNotFound,
     TokenNotFound,
     UnknownJobType,
 )
@@ -133,6 +134,7 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 _STATUS: list[tuple[type[Exception], int]] = [
     (JobNotFound, 404),
     (TokenNotFound, 404),
+    (ScheduleNotFound, 404),
     (Forbidden, 403),
     (IdempotencyConflict, 409),
     (InvalidState, 409),

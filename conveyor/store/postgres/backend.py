@@ -54,7 +54,6 @@ from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store.protocol import (
     AuditEntry,
-    MinuteStats,
     Beat,
     HealthCounts,
     JobPageQuery,
@@ -62,6 +61,7 @@ from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
     Limits,
+    MinuteStats,
     QueueInfo,
     Rescued,
     Retention,
@@ -1542,7 +1542,6 @@ class PostgresStore:
 
     async def list_tokens(self) -> list[Token]:
         return [_token(row) for row in await self._fetch("list_tokens")]
-
 
     # -- the dashboard: audit log, per-minute figures, named leases ----------------------
 

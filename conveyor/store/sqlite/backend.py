@@ -48,7 +48,6 @@ from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._rows import STATUS, job_picker
 from conveyor.store.protocol import (
     AuditEntry,
-    MinuteStats,
     Beat,
     HealthCounts,
     JobPageQuery,
@@ -56,6 +55,7 @@ from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
     Limits,
+    MinuteStats,
     QueueInfo,
     Rescued,
     Retention,
@@ -1370,7 +1370,6 @@ class SQLiteStore:
             return [_token(r) for r in conn.execute(_Q["list_tokens"])]
 
         return await self._run(read)
-
 
     # -- the dashboard: audit log, per-minute figures, named leases ----------------------
 

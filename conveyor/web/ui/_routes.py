@@ -266,7 +266,16 @@ async def overview(request: Request) -> Response:
 # -- jobs -------------------------------------------------------------------------------------
 
 
-_FILTERS = ("status", "type", "queue", "tenant", "parent", "root", "created_after", "created_before")
+_FILTERS = (
+    "status",
+    "type",
+    "queue",
+    "tenant",
+    "parent",
+    "root",
+    "created_after",
+    "created_before",
+)
 
 
 def _filters(params: dict[str, list[str]]) -> dict[str, Any]:
@@ -322,7 +331,7 @@ async def jobs_page(request: Request) -> Response:
             return _back(request, f"/jobs/{wanted_id}")
     filters = _filters(params)
     newest = (params.get("sort") or ["newest"])[0] != "oldest"
-    cursor = (params.get("cursor") or [None])[0]
+    cursor = (params.get("cursor") or [""])[0] or None
     page = await signed.view.page(
         **filters, newest_first=newest, cursor=cursor, limit=_options(request).page_size
     )
@@ -350,10 +359,9 @@ async def bulk(request: Request) -> Response:
     view.require(Role.WRITE)
     if action not in ("cancel", "retry"):
         raise ConfigurationError("choose cancel or retry")
+    wanted: tuple[str, ...] = ("failed", "cancelled")
     if action == "cancel":
         wanted = ("pending", "queued", "running", "waiting")
-    else:
-        wanted = ("failed", "cancelled")
     chosen = filters["status"]
     filters["status"] = tuple(s for s in (chosen or wanted) if s in wanted)
     if not filters["status"]:
@@ -362,9 +370,7 @@ async def bulk(request: Request) -> Response:
     if confirmed is None:
         count = await view.count(filters)
         kept = [(k, v) for k, vs in form.items() for v in vs if k not in ("csrf", "action")]
-        return render(
-            request, "confirm.html", signed, action=action, count=count, fields=kept
-        )
+        return render(request, "confirm.html", signed, action=action, count=count, fields=kept)
     done = await view.bulk(action, filters)
     _remember(signed, f"{action}: {done} jobs")
     return _back(request, "/jobs")
@@ -546,8 +552,10 @@ async def workers_page(request: Request) -> Response:
         running=by_worker,
         now=now,
         ago=_ago,
-        stale=lambda w: w.stopped_at is None
-        and (w.heartbeat_at is None or (now - w.heartbeat_at).total_seconds() > stale),
+        stale=lambda w: (
+            w.stopped_at is None
+            and (w.heartbeat_at is None or (now - w.heartbeat_at).total_seconds() > stale)
+        ),
     )
 
 
