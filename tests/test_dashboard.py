@@ -331,7 +331,8 @@ async def test_markup_in_payload_error_type_and_filters_renders_escaped(
 async def test_actions_are_audited_and_bulk_confirms_the_count(
     app: Conveyor, browser: Any, secrets: dict[str, str]
 ):
-    jobs = [await app.submit("add", {"a": i}, queue="batch", tenant="acme") for i in range(5)]
+    where: dict[str, Any] = {"queue": "batch", "tenant": "acme"}
+    jobs = [await app.submit("add", {"a": i, "b": 0}, **where) for i in range(5)]
     c = browser()
     csrf = await sign_in(c, secrets["write"])
     r = await post(c, "/ui/jobs/bulk", csrf, action="cancel", queue="batch")
