@@ -1577,7 +1577,7 @@ class PostgresStore:
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
         return [
             MinuteStats(
-                minute=datetime.fromtimestamp(int(r["minute"]) * 60, UTC),
+                minute=_utc(r["minute"]) or datetime.fromtimestamp(0, UTC),
                 succeeded=int(r["succeeded"]),
                 failed=int(r["failed"]),
                 wait_seconds=_float(r["wait"]),

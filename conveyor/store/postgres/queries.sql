@@ -792,10 +792,10 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- name: minute_stats
 -- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
 -- (an index-only range of conveyor_jobs_finished_at).
-SELECT floor(extract(epoch FROM finished_at) / 60)::bigint AS minute,
+SELECT date_trunc('minute', finished_at) AS minute,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
        count(*) FILTER (WHERE status = 'failed') AS failed,
-       avg(extract(epoch FROM started_at - run_at))::float8 AS wait
+       extract(epoch FROM avg(started_at - run_at))::float8 AS wait
 FROM conveyor_jobs
 WHERE finished_at IS NOT NULL AND finished_at >= %(since)s
 GROUP BY 1

@@ -12,6 +12,7 @@ from starlette.staticfiles import StaticFiles
 
 from conveyor.client import Conveyor
 from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.store.protocol import MinuteStats, QueueInfo
 from conveyor.web._problems import status_of
 from conveyor.web.ui import _routes
 from conveyor.web.ui._session import Sessions
@@ -25,6 +26,7 @@ class DashboardOptions:
     refresh: float = 2.0  # how often live parts of a page refresh, in seconds (0: never)
     heartbeat_stale_after: float = 60.0  # a worker heartbeat older than this is stale
     page_size: int = 50  # jobs per page
+    counts_max_age: float = 30.0  # the overview's jobs per queue and status: at most this old
 
     def __post_init__(self) -> None:
         if not 60 <= self.session_ttl <= 30 * 86_400:
@@ -33,6 +35,8 @@ class DashboardOptions:
             raise ConfigurationError("refresh must be 0 (never) or between 0.1 and 3600 seconds")
         if self.heartbeat_stale_after <= 0:
             raise ConfigurationError("heartbeat_stale_after must be positive")
+        if not 0 <= self.counts_max_age <= 3600:
+            raise ConfigurationError("counts_max_age must be between 0 and 3600 seconds")
         if not 1 <= self.page_size <= 1000:
             raise ConfigurationError("page_size must be between 1 and 1000")
 
@@ -45,6 +49,8 @@ def create_dashboard(app: Conveyor, *, options: DashboardOptions | None = None) 
     ui.state.conveyor = app
     ui.state.options = opts
     ui.state.sessions = Sessions(opts.session_ttl)
+    ui.state.queue_counts = _routes.Cached[list[QueueInfo]](opts.counts_max_age)
+    ui.state.day_stats = _routes.Cached[list[MinuteStats]](min(60.0, opts.counts_max_age))
     ui.mount("/static", StaticFiles(packages=[("conveyor.web.ui", "static")]), name="static")
     ui.include_router(_routes.router)
 

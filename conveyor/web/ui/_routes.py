@@ -8,11 +8,14 @@ log, as it does for the REST API.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from conveyor.web.ui._session import Sessions
 
 router = APIRouter()
+T = TypeVar("T")
 
 _env = Environment(
     loader=PackageLoader("conveyor.web.ui", "templates"),
@@ -238,6 +242,41 @@ def _safe_next(target: str) -> str:
 # -- overview ---------------------------------------------------------------------------------
 
 
+class Cached(Generic[T]):
+    """Figures read again at most every ``max_age`` seconds, in the background while the
+    last ones are shown (the first read is waited for).
+
+    The overview's jobs per queue and status read the whole table (no index holds those
+    counts, and keeping one would cost every claim and settle a write), and its last day
+    per minute reads a day of the finished_at index: on a million jobs, too slow for every
+    page view. A queue action taken here drops the counts.
+    """
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self._value: T | None = None
+        self._read_at = 0.0
+        self._reading: asyncio.Task[None] | None = None
+
+    async def get(self, load: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        """The figures and their age in seconds."""
+        now = time.monotonic()
+        if self._value is None or self.max_age == 0:
+            await self._read(load)
+        elif now - self._read_at > self.max_age and (self._reading is None or self._reading.done()):
+            self._reading = asyncio.get_running_loop().create_task(self._read(load))
+        assert self._value is not None
+        return self._value, max(0.0, time.monotonic() - self._read_at)
+
+    def forget(self) -> None:
+        self._value = None
+
+    async def _read(self, load: Callable[[], Awaitable[T]]) -> None:
+        began = time.monotonic()
+        self._value = await load()
+        self._read_at = began
+
+
 @router.get("/")
 async def overview(request: Request) -> Response:
     signed = await _signed(request)
@@ -245,8 +284,12 @@ async def overview(request: Request) -> Response:
     app = view.app
     health = await app.health(stale_after=_options(request).heartbeat_stale_after)
     now = health.counts.now
-    stats = await view.minute_stats(now - timedelta(days=1))
-    queues = await view.queues()
+    state = request.app.state
+    hour = await view.minute_stats(now - timedelta(hours=1))
+    day, _ = await state.day_stats.get(lambda: view.minute_stats(now - timedelta(days=1)))
+    recent = hour[0].minute if hour else now
+    stats = [m for m in day if m.minute < recent] + hour
+    queues, counts_age = await state.queue_counts.get(view.queues)
     workers = await view.workers()
     return render(
         request,
@@ -254,6 +297,7 @@ async def overview(request: Request) -> Response:
         signed,
         health=health,
         queues=queues,
+        counts_age=counts_age,
         statuses=STATUSES,
         paused=[q.name for q in queues if q.paused],
         workers=[w for w in workers if w.stopped_at is None][:20],
@@ -509,6 +553,7 @@ async def queue_action(request: Request, name: str, verb: str) -> Response:
         await signed.view.resume(name)
     else:
         raise JobNotFound(f"queue action {verb!r}")
+    request.app.state.queue_counts.forget()
     _remember(signed, f"queue {name}: {verb}d")
     return _back(request, "/queues")
 
