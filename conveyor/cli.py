@@ -907,10 +907,12 @@ def demo(app_spec: str, concurrency: int) -> None:
     seed: Callable[[Conveyor], Any] | None = getattr(module, "seed", None)
     if seed is None:
         _fail(f"{app_spec} has no seed(app) function that submits demo jobs", EXIT_USAGE)
-    _run(_demo(app, seed, concurrency))
+    _run(_demo(app, app_spec, seed, concurrency))
 
 
-async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int) -> None:
+async def _demo(
+    app: Conveyor, app_spec: str, seed: Callable[[Conveyor], Any], concurrency: int
+) -> None:
     submitted = seed(app)
     if inspect.isawaitable(submitted):
         submitted = await submitted
@@ -938,6 +940,17 @@ async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f". Inspect one with: conveyor jobs show {ids[0]} --database-url {app.url}"
     )
+    _, secret = await app.create_token(
+        tenant="default", role="admin", name="created by conveyor demo for the dashboard"
+    )
+    console.print(
+        "\nSee them in the dashboard: start the server with\n"
+        f"  conveyor serve {app_spec} --database-url {app.url}\n"
+        "then open http://127.0.0.1:8000/ui/ and sign in with this admin token "
+        "(shown this once):",
+        highlight=False,
+    )
+    console.print(secret, highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":
