@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from fastapi import FastAPI
 from conveyor import Conveyor, Status
 from conveyor.cli import main
 from conveyor.errors import ConfigurationError
+from conveyor.store.protocol import AuditEntry
 from conveyor.web import ApiOptions, create_api
 from tests.apps.ui import MARKUP_TYPE, build
 from tests.helpers import running_worker, settled
@@ -430,3 +432,35 @@ def test_cli_queues_pause_resume_list(db_url: str) -> None:
     assert "yes" in cli("queues", "list")
     assert "resumed" in cli("queues", "resume", "mail")
     assert "yes" not in cli("queues", "list")
+
+
+# -- the store operations the dashboard added -------------------------------------------------
+
+
+async def test_store_audit_log_minute_stats_and_lease_names(app: Conveyor) -> None:
+    store = await app.store()
+    now = await store.now()
+    for i, tenant in enumerate(["acme", "globex", "acme"]):
+        entry = AuditEntry(now, tenant, f"tok{i}", "job.cancel", f"job{i}", detail="<b>")
+        await store.record_audit(entry)
+    every = await store.audit_log()
+    assert [e.target for e in every] == ["job2", "job1", "job0"]  # newest first
+    assert every[0].detail == "<b>" and every[0].id is not None
+    assert [e.target for e in await store.audit_log(tenant="acme")] == ["job2", "job0"]
+    older = await store.audit_log(before_id=every[0].id, limit=1)
+    assert [e.target for e in older] == ["job1"]
+
+    ok = await app.submit("add", {"a": 1, "b": 2})
+    bad = await app.submit("explode", {})
+    async with running_worker(app):
+        await settled(ok, Status.SUCCEEDED)
+        await settled(bad, Status.FAILED)
+    stats = await store.minute_stats(now - timedelta(minutes=5))
+    assert sum(m.succeeded for m in stats) == 1 and sum(m.failed for m in stats) == 1
+    assert all(m.wait_seconds is not None and m.wait_seconds >= 0 for m in stats)
+    assert await store.minute_stats(now + timedelta(minutes=5)) == []
+
+    async with app.lease("b-export", ttl=30):
+        pass
+    async with app.lease("a-report", ttl=30):
+        assert await store.lease_names() == ["a-report", "b-export"]
