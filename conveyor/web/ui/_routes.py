@@ -140,7 +140,8 @@ def render(
 ) -> HTMLResponse:
     principal = signed.view.principal if signed else None
     flash: list[str] = []
-    if signed is not None:
+    if signed is not None and "x-conveyor-refresh" not in request.headers:
+        # A live refresh leaves the messages to the page the user opens next.
         flash = [*signed.session.flash, *signed.flash]
         signed.session.flash = []
     html = _env.get_template(template).render(
