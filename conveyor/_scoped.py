@@ -299,35 +299,32 @@ class TenantView:
 
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lease with its current and last holders, newest first."""
-        store = await self.app.store()
-        return [(name, await store.lease_history(name)) for name in await store.lease_names()]
+        return await self.app.leases()
 
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
         """What ended per minute since ``since``, across the cluster."""
-        return await (await self.app.store()).minute_stats(since)
+        return await self.app.minute_stats(since)
 
     # -- the audit log ----------------------------------------------------------------------
 
     async def audit(self, action: str, target: str, detail: str | None = None) -> None:
         """Record an action of this principal in the audit log."""
-        store = await self.app.store()
         entry = AuditEntry(
-            at=await store.now(),
+            at=await self.app.now(),
             tenant=self.principal.tenant,
             token_id=self.principal.token_id,
             action=action,
             target=target,
             detail=detail,
         )
-        await store.record_audit(entry)
+        await self.app.record_audit(entry)
 
     async def audit_log(
         self, *, before_id: int | None = None, limit: int = 100
     ) -> list[AuditEntry]:
         """The audit log, newest first: every tenant's for an admin, else the tenant's own."""
-        store = await self.app.store()
         tenant = None if self.principal.is_admin else self.principal.tenant
-        return await store.audit_log(tenant=tenant, before_id=before_id, limit=limit)
+        return await self.app.audit_log(tenant=tenant, before_id=before_id, limit=limit)
 
     def require(self, role: Role) -> None:
         """Refuse (:class:`Forbidden`) a principal whose role is below ``role``."""

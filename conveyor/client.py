@@ -79,6 +79,7 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
+from conveyor.store.protocol import AuditEntry, MinuteStats
 from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -703,6 +704,31 @@ class Conveyor:
     async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
         """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden."""
         await self._tokens.authorize(principal, type, payload)
+
+    # -- what the dashboard reads and records -------------------------------------------
+
+    async def now(self) -> datetime:
+        """The store's clock (the database's, where it has one)."""
+        return await (await self.store()).now()
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an action to the audit log."""
+        await (await self.store()).record_audit(entry)
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """The audit log, newest first (``tenant``: only that tenant's entries)."""
+        return await (await self.store()).audit_log(tenant=tenant, before_id=before_id, limit=limit)
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
+        return await (await self.store()).minute_stats(since)
+
+    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lease with its current and last holders, newest first."""
+        store = await self.store()
+        return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,9 @@ def create_dashboard(app: Conveyor, *, options: DashboardOptions | None = None) 
         return _routes.error_page(request, status_of(exc), str(exc))
 
     async def on_http(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        return _routes.error_page(request, exc.status_code, str(exc.detail))
+        code = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        detail = exc.detail if isinstance(exc, StarletteHTTPException) else "server error"
+        return _routes.error_page(request, code, str(detail))
 
     async def on_sign_in(request: Request, exc: Exception) -> Response:
         return _routes.to_sign_in(request)

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter
@@ -266,8 +266,7 @@ class Cached(Generic[T]):
             await self._read(load)
         elif now - self._read_at > self.max_age and (self._reading is None or self._reading.done()):
             self._reading = asyncio.get_running_loop().create_task(self._read(load))
-        assert self._value is not None
-        return self._value, max(0.0, time.monotonic() - self._read_at)
+        return cast(T, self._value), max(0.0, time.monotonic() - self._read_at)
 
     def forget(self) -> None:
         self._value = None
@@ -434,7 +433,7 @@ async def job_page(request: Request, job_id: str) -> Response:
     attempts = await view.attempts(job_id)
     tree = await _tree(view, job)
     chain = await _retry_chain(view, job)
-    now = await (await view.app.store()).now()
+    now = await view.app.now()
     return render(
         request,
         "job.html",
@@ -588,7 +587,7 @@ async def workers_page(request: Request) -> Response:
     by_worker: dict[str, list[Job]] = {}
     for h in running.jobs:
         by_worker.setdefault(h.record.lease_owner or "", []).append(h.record)
-    now = await (await view.app.store()).now()
+    now = await view.app.now()
     stale = _options(request).heartbeat_stale_after
     return render(
         request,
