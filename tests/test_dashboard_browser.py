@@ -170,7 +170,15 @@ async def test_progress_bar_advances_and_a_running_job_is_cancelled(
     job = await app.submit("crawl", {"steps": 400, "pause": 0.05}, tenant="acme")
     page = await sign_in(browser, server, tokens["write"])
     async with running_worker(app, queues=["slow"]):
-        await page.goto(f"{server.base_url}/ui/jobs/{job.id}")
+        # The jobs list: the visible row refreshes in place as the job runs.
+        await page.goto(f"{server.base_url}/ui/jobs?queue=slow")
+        row_bar = page.locator("#rows progress")
+        await expect(row_bar).to_be_visible()
+        start = float(await row_bar.get_attribute("value") or 0)
+        await page.wait_for_function(
+            "v => Number(document.querySelector('#rows progress').value) > v + 2", arg=start
+        )
+        await page.get_by_role("link", name=job.id).click()
         bar = page.locator("progress")
         await expect(bar).to_be_visible()  # appears without a reload once the job runs
         first = float(await bar.get_attribute("value") or 0)

@@ -1,6 +1,5 @@
 // conveyor dashboard: progressive enhancement only. Without this script every page works;
-// with it, the parts of a page marked data-live refresh in place every data-refresh ms,
-// and forms marked data-confirm ask first.
+// with it, the parts of a page marked data-live refresh in place every data-refresh ms.
 (function () {
   "use strict";
   var every = Number(document.body.getAttribute("data-refresh") || 0);
@@ -40,9 +39,4 @@
   if (every > 0) {
     window.setInterval(refresh, every);
   }
-
-  document.addEventListener("submit", function (event) {
-    var message = event.target.getAttribute("data-confirm");
-    if (message && !window.confirm(message)) { event.preventDefault(); }
-  });
 })();
