@@ -297,6 +297,11 @@ class TenantView:
         await self.audit("schedule.enable" if enabled else "schedule.disable", name)
         return info
 
+    async def count_below(self, job_id: str) -> dict[str, int]:
+        """Count by status the jobs below a visible job (its tree if it is a root)."""
+        await self.get(job_id)
+        return await self.app.count_below(job_id)
+
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lease with its current and last holders, newest first."""
         return await self.app.leases()

@@ -730,6 +730,13 @@ class Conveyor:
         store = await self.store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
+    async def count_below(self, job_id: str) -> dict[str, int]:
+        """Count by status the jobs below a job: its whole tree if it is a root, else its
+        children."""
+        job = (await self.get(job_id)).record
+        store = await self.store()
+        return await store.count_below(job_id, whole_tree=job.root_id is None)
+
 
 @dataclass(frozen=True, slots=True)
 class Health:

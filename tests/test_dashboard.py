@@ -464,3 +464,14 @@ async def test_store_audit_log_minute_stats_and_lease_names(app: Conveyor) -> No
         pass
     async with app.lease("a-report", ttl=30):
         assert await store.lease_names() == ["a-report", "b-export"]
+
+
+async def test_count_below_counts_children_or_a_whole_tree_exactly(app: Conveyor) -> None:
+    parent = await app.submit("fan_out", {"n": 30, "fail": 4})
+    async with running_worker(app):
+        await settled(parent, Status.FAILED)
+    assert await app.count_below(parent.id) == {"succeeded": 26, "failed": 4}
+    store = await app.store()
+    assert await store.count_below(parent.id, whole_tree=False) == {"succeeded": 26, "failed": 4}
+    child = f"{parent.id}.0"
+    assert await app.count_below(child) == {}

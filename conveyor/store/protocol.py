@@ -384,6 +384,10 @@ class Store(Protocol):
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         """Return the names of named leases ever taken, by name."""
 
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        """Count by status the jobs below ``job_id``: its children, or with ``whole_tree``
+        every job whose root it is (on the parent and root indexes)."""
+
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:

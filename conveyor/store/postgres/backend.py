@@ -1594,6 +1594,11 @@ class PostgresStore:
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
 
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        name = "count_tree" if whole_tree else "count_children"
+        rows = await self._fetch(name, {"job_id": job_id})
+        return {r["status"]: int(r["n"]) for r in rows}
+
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)

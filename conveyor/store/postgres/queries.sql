@@ -824,3 +824,11 @@ ORDER BY 1;
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;
+
+-- name: count_children
+-- A job's children by status (on conveyor_jobs_parent).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = %(job_id)s GROUP BY status;
+
+-- name: count_tree
+-- Every job below a root, by status (on conveyor_jobs_root).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = %(job_id)s GROUP BY status;

@@ -1427,6 +1427,14 @@ class SQLiteStore:
 
         return await self._run(read)
 
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        name = "count_tree" if whole_tree else "count_children"
+
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            return {r["status"]: r["n"] for r in conn.execute(_Q[name], {"job_id": job_id})}
+
+        return await self._run(read)
+
 
 def _token(row: sqlite3.Row) -> Token:
     return Token(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -470,20 +469,23 @@ class _Tree:
     shown_all: bool
 
 
-async def _tree(view: TenantView, job: Job, *, most: int = 2000) -> _Tree | None:
-    """The jobs below ``job``, with counts by status (None when it has none)."""
-    if job.root_id is None:
-        below = [h.record for h in (await view.page(root_id=job.id, limit=1000)).jobs]
-    else:
-        below = [h.record for h in (await view.page(parent_id=job.id, limit=1000)).jobs]
-    if not below:
+async def _tree(view: TenantView, job: Job, *, shown: int = 500) -> _Tree | None:
+    """The jobs below ``job`` with exact counts by status (None when it has none); the
+    first ``shown`` of them as a tree."""
+    counts = await view.count_below(job.id)
+    total = sum(counts.values())
+    if total == 0:
         return None
-    ids = await view.count(
-        {"root_id": job.id} if job.root_id is None else {"parent_id": job.id}, limit=most
+    root = job.root_id is None
+    page = await view.page(
+        root_id=job.id if root else None,
+        parent_id=None if root else job.id,
+        newest_first=False,
+        limit=min(1000, shown),
     )
-    counts = Counter(j.status.value for j in below)
+    below = [h.record for h in page.jobs]
     kids: dict[str | None, list[Job]] = {}
-    for j in sorted(below, key=lambda j: (j.created_at, j.id)):
+    for j in below:
         kids.setdefault(j.parent_id, []).append(j)
     rows: list[tuple[int, Job]] = []
 
@@ -493,7 +495,7 @@ async def _tree(view: TenantView, job: Job, *, most: int = 2000) -> _Tree | None
             walk(child.id, depth + 1)
 
     walk(job.id, 0)
-    return _Tree(dict(counts), ids, rows[:500], shown_all=ids == len(below) <= 500)
+    return _Tree(counts, total, rows, shown_all=len(rows) == total)
 
 
 async def _retry_chain(view: TenantView, job: Job, *, most: int = 20) -> list[Job]:
