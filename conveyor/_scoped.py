@@ -268,6 +268,10 @@ class TenantView:
     async def workers(self) -> list[WorkerInfo]:
         return await self.app.workers()
 
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker runs now (every tenant's: workers are the cluster's)."""
+        return await self.app.running_by_worker()
+
     async def pause(self, queue: str) -> None:
         """Stop workers claiming from ``queue`` (admins)."""
         self.require(Role.ADMIN)

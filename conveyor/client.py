@@ -730,6 +730,10 @@ class Conveyor:
         store = await self.store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker is running now."""
+        return await (await self.store()).running_by_worker()
+
     async def count_below(self, job_id: str) -> dict[str, int]:
         """Count by status the jobs below a job: its whole tree if it is a root, else its
         children."""

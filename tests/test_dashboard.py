@@ -20,7 +20,7 @@ from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import AuditEntry
 from conveyor.web import ApiOptions, create_api
 from tests.apps.ui import MARKUP_TYPE, build
-from tests.helpers import running_worker, settled
+from tests.helpers import eventually, running_worker, settled
 
 ORIGIN = {"Origin": "http://testserver"}
 PAGES = [f"/ui/{p}" for p in ("", "jobs", "queues", "schedules", "workers", "leases", "audit")]
@@ -475,3 +475,23 @@ async def test_count_below_counts_children_or_a_whole_tree_exactly(app: Conveyor
     assert await store.count_below(parent.id, whole_tree=False) == {"succeeded": 26, "failed": 4}
     child = f"{parent.id}.0"
     assert await app.count_below(child) == {}
+
+
+async def test_running_by_worker_and_the_overview_count_of_it(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+) -> None:
+    job = await app.submit("crawl", {"steps": 10_000, "pause": 0.05}, tenant="acme")
+    async with running_worker(app, queues=["slow"]) as worker:
+        await eventually(lambda: _is_running(job))
+        assert await app.running_by_worker() == {worker.id: 1}
+        c = browser()
+        await sign_in(c, secrets["read"])
+        page = (await c.get("/ui/")).text
+        assert re.search(rf"{worker.id}</code>.*?<td class=\"num\">1</td>", page, re.S)
+        await job.cancel()
+        await settled(job, Status.CANCELLED)
+    assert await app.running_by_worker() == {}
+
+
+async def _is_running(job: Any) -> bool:
+    return (await job.refresh()).status is Status.RUNNING

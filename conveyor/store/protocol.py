@@ -384,6 +384,9 @@ class Store(Protocol):
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         """Return the names of named leases ever taken, by name."""
 
+    async def running_by_worker(self) -> dict[str, int]:
+        """Count running jobs per worker id, on the index of running jobs' leases."""
+
     async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
         """Count by status the jobs below ``job_id``: its children, or with ``whole_tree``
         every job whose root it is (on the parent and root indexes)."""

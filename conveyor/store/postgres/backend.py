@@ -1594,6 +1594,10 @@ class PostgresStore:
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
 
+    async def running_by_worker(self) -> dict[str, int]:
+        rows = await self._fetch("running_by_worker")
+        return {r["lease_owner"] or "": int(r["n"]) for r in rows}
+
     async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
         name = "count_tree" if whole_tree else "count_children"
         rows = await self._fetch(name, {"job_id": job_id})

@@ -832,3 +832,9 @@ SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = %(job_id)s GRO
 -- name: count_tree
 -- Every job below a root, by status (on conveyor_jobs_root).
 SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = %(job_id)s GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on held leases).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs
+WHERE lease_expires_at IS NOT NULL AND status = 'running'
+GROUP BY lease_owner;

@@ -1427,6 +1427,12 @@ class SQLiteStore:
 
         return await self._run(read)
 
+    async def running_by_worker(self) -> dict[str, int]:
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            return {r["lease_owner"] or "": r["n"] for r in conn.execute(_Q["running_by_worker"])}
+
+        return await self._run(read)
+
     async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
         name = "count_tree" if whole_tree else "count_children"
 

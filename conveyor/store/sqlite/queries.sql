@@ -620,3 +620,9 @@ SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :job_id GROUP 
 -- name: count_tree
 -- Every job below a root, by status (on conveyor_jobs_root).
 SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = :job_id GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on running jobs).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
+WHERE status = 'running' AND lease_expires_at IS NOT NULL
+GROUP BY lease_owner;

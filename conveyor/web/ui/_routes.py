@@ -289,6 +289,7 @@ async def overview(request: Request) -> Response:
     recent = hour[0].minute if hour else now
     stats = [m for m in day if m.minute < recent] + hour
     queues, counts_age = await state.queue_counts.get(view.queues)
+    per_worker = await view.running_by_worker()
     workers = await view.workers()
     return render(
         request,
@@ -300,6 +301,7 @@ async def overview(request: Request) -> Response:
         statuses=STATUSES,
         paused=[q.name for q in queues if q.paused],
         workers=[w for w in workers if w.stopped_at is None][:20],
+        running=per_worker,
         now=now,
         ago=_ago,
         charts=_charts.overview_charts(stats, now),
@@ -585,7 +587,9 @@ async def workers_page(request: Request) -> Response:
     signed = await _signed(request)
     view = signed.view
     workers = await view.workers()
-    running = await view.page(status=[Status.RUNNING], include_children=True, limit=1000)
+    counts = await view.running_by_worker()
+    # Links to the newest running jobs this principal may see (counts are everyone's).
+    running = await view.page(status=[Status.RUNNING], include_children=True, limit=100)
     by_worker: dict[str, list[Job]] = {}
     for h in running.jobs:
         by_worker.setdefault(h.record.lease_owner or "", []).append(h.record)
@@ -597,6 +601,7 @@ async def workers_page(request: Request) -> Response:
         signed,
         workers=workers,
         running=by_worker,
+        counts=counts,
         now=now,
         ago=_ago,
         stale=lambda w: (
