@@ -118,7 +118,10 @@ async def measure(url: str, runs: int) -> dict[str, list[float]]:
                     f"jobs, first page ({who})": "/ui/jobs",
                     f"jobs, next page ({who})": f"/ui/jobs?cursor={cursor}",
                     f"jobs, status=failed ({who})": "/ui/jobs?status=failed",
-                    f"jobs, queue+type ({who})": "/ui/jobs?queue=queue1&type=type3",
+                    f"jobs, queue+type ({who})": "/ui/jobs?queue=queue3&type=type3",
+                    # Worst case: nothing matches, so the page walks the whole
+                    # (created_at, id) index; reported, not held to the target.
+                    f"unindexed: no job matches ({who})": "/ui/jobs?type=none",
                 }
                 for name, path in pages.items():
                     await c.get(path)  # warm
@@ -184,11 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for name, times in timings.items():
         p95 = _p(times, 95)
-        if not name.startswith("background"):
+        if not name.startswith(("background", "unindexed")):
             worst = max(worst, p95)
         print(f"{name:42} {statistics.median(times):8.1f} {p95:8.1f} {max(times):8.1f}")
     print(f"worst page p95: {worst:.1f} ms -> {'within' if worst < target else 'OVER'} target")
-    print("(background reads run off the request path, at most every 30 s and every 60 s)")
+    print("(background reads run off the request path, at most every 30 s and every 60 s;")
+    print(" an unindexed filter that matches nothing walks the whole index: not held to it)")
     return 0
 
 
