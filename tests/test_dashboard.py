@@ -495,3 +495,20 @@ async def test_running_by_worker_and_the_overview_count_of_it(
 
 async def _is_running(job: Any) -> bool:
     return (await job.refresh()).status is Status.RUNNING
+
+
+async def test_a_bulk_action_never_acts_on_more_jobs_than_confirmed(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+) -> None:
+    first = [await app.submit("add", {"a": i, "b": 0}, queue="b", tenant="acme") for i in (1, 2)]
+    c = browser()
+    csrf = await sign_in(c, secrets["write"])
+    r = await post(c, "/ui/jobs/bulk", csrf, action="cancel", queue="b")
+    assert "Cancel 2 jobs?" in r.text
+    later = await app.submit("add", {"a": 3, "b": 0}, queue="b", tenant="acme")  # after it
+    r = await post(c, "/ui/jobs/bulk", csrf, action="cancel", queue="b", confirmed="2")
+    assert r.status_code == 303
+    statuses = [(await j.refresh()).status for j in [*first, later]]
+    assert statuses.count(Status.CANCELLED) == 2 and statuses.count(Status.QUEUED) == 1
+    page = await c.get("/ui/jobs")
+    assert "cancel: 2 jobs" in page.text

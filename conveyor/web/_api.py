@@ -352,18 +352,27 @@ async def run_schedule(request: Request, name: ScheduleName, view: Admin) -> Res
 
 
 @router.post(
-    "/schedules/{name}/{verb}",
+    "/schedules/{name}/enable",
     response_model=s.ScheduleOut,
-    summary="Enable or disable a schedule",
+    summary="Enable a schedule (its ticks restart from now)",
     tags=["operations"],
     responses=problems(401, 403, 404, 422, 503),
     openapi_extra=_role(Role.ADMIN),
 )
-async def enable_schedule(
-    name: ScheduleName, verb: Annotated[Literal["enable", "disable"], Path()], view: Admin
-) -> Response:
-    info = await view.enable_schedule(name, verb == "enable")
-    return JSONResponse(answer.schedule(info))
+async def enable_schedule(name: ScheduleName, view: Admin) -> Response:
+    return JSONResponse(answer.schedule(await view.enable_schedule(name, True)))
+
+
+@router.post(
+    "/schedules/{name}/disable",
+    response_model=s.ScheduleOut,
+    summary="Disable a schedule: it fires no more until enabled",
+    tags=["operations"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.ADMIN),
+)
+async def disable_schedule(name: ScheduleName, view: Admin) -> Response:
+    return JSONResponse(answer.schedule(await view.enable_schedule(name, False)))
 
 
 # -- health and metrics -----------------------------------------------------------------------

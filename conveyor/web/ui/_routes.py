@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -373,7 +373,7 @@ async def jobs_page(request: Request) -> Response:
         except JobNotFound:
             signed.flash = [f"no job {wanted_id!r}"]
         else:
-            return _back(request, f"/jobs/{wanted_id}")
+            return _back(request, f"/jobs/{quote(wanted_id, safe='')}")
     filters = _filters(params)
     newest = (params.get("sort") or ["newest"])[0] != "oldest"
     cursor = (params.get("cursor") or [""])[0] or None
@@ -416,7 +416,12 @@ async def bulk(request: Request) -> Response:
         count = await view.count(filters)
         kept = [(k, v) for k, vs in form.items() for v in vs if k not in ("csrf", "action")]
         return render(request, "confirm.html", signed, action=action, count=count, fields=kept)
-    done = await view.bulk(action, filters)
+    try:
+        most = int(confirmed)
+    except ValueError:
+        raise ConfigurationError("the confirmed count is not a number") from None
+    # Never more than the number the user confirmed, though more may match by now.
+    done = await view.bulk(action, filters, limit=max(0, most)) if most > 0 else 0
     _remember(signed, f"{action}: {done} jobs")
     return _back(request, "/jobs")
 
@@ -518,7 +523,7 @@ async def cancel(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     after = await signed.view.cancel(job_id)
     _remember(signed, f"job {job_id}: {'cancelled' if after.terminal else 'asked to stop'}")
-    return _back(request, f"/jobs/{job_id}")
+    return _back(request, f"/jobs/{quote(job_id, safe='')}")
 
 
 @router.post("/jobs/{job_id}/retry")
@@ -526,7 +531,7 @@ async def retry(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     new = await signed.view.retry(job_id)
     _remember(signed, f"job {job_id} retried as {new.id}")
-    return _back(request, f"/jobs/{new.id}")
+    return _back(request, f"/jobs/{quote(new.id, safe='')}")
 
 
 @router.post("/jobs/{job_id}/retry-failed-children")
@@ -534,7 +539,7 @@ async def retry_children(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     new = await signed.view.retry_failed_children(job_id)
     _remember(signed, f"{len(new)} failed children retried")
-    return _back(request, f"/jobs/{job_id}")
+    return _back(request, f"/jobs/{quote(job_id, safe='')}")
 
 
 # -- queues, schedules, workers, leases, audit ------------------------------------------------
