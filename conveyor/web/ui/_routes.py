@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -561,7 +562,7 @@ async def queue_action(request: Request, name: str, verb: str) -> Response:
     elif verb == "resume":
         await signed.view.resume(name)
     else:
-        raise JobNotFound(f"queue action {verb!r}")
+        raise StarletteHTTPException(404, f"no queue action {verb!r}: pause or resume")
     request.app.state.queue_counts.forget()
     _remember(signed, f"queue {name}: {verb}d")
     return _back(request, "/queues")
@@ -583,7 +584,7 @@ async def schedule_action(request: Request, name: str, verb: str) -> Response:
         await signed.view.enable_schedule(name, verb == "enable")
         _remember(signed, f"schedule {name}: {verb}d")
     else:
-        raise JobNotFound(f"schedule action {verb!r}")
+        raise StarletteHTTPException(404, f"no schedule action {verb!r}: run, enable or disable")
     return _back(request, "/schedules")
 
 
