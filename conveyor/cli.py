@@ -757,7 +757,7 @@ def serve(
     concurrency: int,
     max_body: int,
 ) -> None:
-    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) with uvicorn.
+    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
 
     Every route but /health needs a bearer token. Bound to an address other than
     loopback, serve refuses to start until a token exists (conveyor tokens create); on
