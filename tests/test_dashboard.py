@@ -19,6 +19,7 @@ from conveyor.cli import main
 from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import AuditEntry
 from conveyor.web import ApiOptions, create_api
+from conveyor.web.ui import create_dashboard
 from tests.apps.ui import MARKUP_TYPE, build
 from tests.helpers import eventually, running_worker, settled
 
@@ -512,3 +513,22 @@ async def test_a_bulk_action_never_acts_on_more_jobs_than_confirmed(
     assert statuses.count(Status.CANCELLED) == 2 and statuses.count(Status.QUEUED) == 1
     page = await c.get("/ui/jobs")
     assert "cancel: 2 jobs" in page.text
+
+
+async def test_mounted_elsewhere_links_cookie_and_redirects_follow_the_mount(
+    app: Conveyor, secrets: dict[str, str]
+) -> None:
+    main_app = FastAPI()
+    main_app.mount("/ops/jobs-ui", create_dashboard(app))
+    transport = httpx.ASGITransport(app=main_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+        r = await c.get("/ops/jobs-ui/jobs")
+        assert r.headers["location"] == "/ops/jobs-ui/login?next=%2Fjobs"
+        r = await c.post(
+            "/ops/jobs-ui/login", data={"token": secrets["read"], "next": "/jobs"}, headers=ORIGIN
+        )
+        assert r.headers["location"] == "/ops/jobs-ui/jobs"
+        assert "path=/ops/jobs-ui" in r.headers["set-cookie"].lower()
+        page = (await c.get("/ops/jobs-ui/jobs")).text
+        assert 'href="/ops/jobs-ui/static/app.css"' in page
+        assert (await c.get("/ops/jobs-ui/static/app.js")).status_code == 200
