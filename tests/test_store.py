@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob, Outcome, Progress, Settlement
-from conveyor.store import JobQuery, Lease, Store, create_store
+from conveyor.store import JobPageQuery, Lease, Store, create_store
 
 
 @dataclass
@@ -60,7 +60,7 @@ async def test_submit_then_same_id_returns_the_existing_job(store: Store) -> Non
 async def test_bulk_submit_is_one_transaction(store: Store) -> None:
     results = await store.submit([new(f"j{i}") for i in range(100)])
     assert all(r.created for r in results)
-    assert len(await store.list_jobs(JobQuery(limit=500))) == 100
+    assert len(await store.page_jobs(JobPageQuery(limit=500))) == 100
 
 
 async def test_unique_key_returns_the_active_job(store: Store) -> None:
