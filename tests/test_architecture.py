@@ -52,6 +52,8 @@ LAYERS = [
                 "conveyor.remote",
                 "conveyor.__main__",
                 "conveyor",
+                "conveyor.testing",
+                "conveyor._pytest_plugin",
             }
             or m.startswith("conveyor.web")
         ),

@@ -18,7 +18,7 @@ from conveyor import Conveyor, Status
 from conveyor.cli import main
 from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import AuditEntry
-from conveyor.web import ApiOptions, create_api
+from conveyor.web import create_api
 from conveyor.web.ui import create_dashboard
 from tests.apps.ui import MARKUP_TYPE, build
 from tests.helpers import eventually, running_worker, settled
@@ -38,7 +38,7 @@ async def app(db_url: str) -> AsyncIterator[Conveyor]:
 
 @pytest.fixture
 def api(app: Conveyor) -> FastAPI:
-    return create_api(app, options=ApiOptions(heartbeat_stale_after=5.0))
+    return create_api(app)
 
 
 @pytest.fixture
@@ -429,6 +429,7 @@ def test_cli_queues_pause_resume_list(db_url: str) -> None:
         assert result.exit_code == 0, result.output
         return result.output
 
+    cli("migrate")
     assert "paused" in cli("queues", "pause", "mail")
     assert "yes" in cli("queues", "list")
     assert "resumed" in cli("queues", "resume", "mail")

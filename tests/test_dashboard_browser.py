@@ -48,9 +48,7 @@ def server(app: Conveyor, db_url: str) -> Iterator[ServerThread]:
     """The API with the dashboard mounted by hand at /ui, as an application would."""
     served = build(db_url)  # its own instance: the server runs on a loop of its own
     main = create_api(served, options=ApiOptions(dashboard=False))
-    dashboard = create_dashboard(
-        served, options=DashboardOptions(refresh=0.25, heartbeat_stale_after=5.0)
-    )
+    dashboard = create_dashboard(served, options=DashboardOptions(refresh=0.25))
     main.mount("/ui", dashboard)
     with serving(served, main) as running:
         yield running

@@ -24,7 +24,6 @@ class DashboardOptions:
 
     session_ttl: float = 8 * 3600.0  # a session ends this many seconds after sign-in
     refresh: float = 2.0  # how often live parts of a page refresh, in seconds (0: never)
-    heartbeat_stale_after: float = 60.0  # a worker heartbeat older than this is stale
     page_size: int = 50  # jobs per page
     counts_max_age: float = 30.0  # the overview's jobs per queue and status: at most this old
 
@@ -33,8 +32,6 @@ class DashboardOptions:
             raise ConfigurationError("session_ttl must be between 60 seconds and 30 days")
         if not (self.refresh == 0 or 0.1 <= self.refresh <= 3600):
             raise ConfigurationError("refresh must be 0 (never) or between 0.1 and 3600 seconds")
-        if self.heartbeat_stale_after <= 0:
-            raise ConfigurationError("heartbeat_stale_after must be positive")
         if not 0 <= self.counts_max_age <= 3600:
             raise ConfigurationError("counts_max_age must be between 0 and 3600 seconds")
         if not 1 <= self.page_size <= 1000:

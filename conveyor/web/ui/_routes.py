@@ -282,7 +282,7 @@ async def overview(request: Request) -> Response:
     signed = await _signed(request)
     view = signed.view
     app = view.app
-    health = await app.health(stale_after=_options(request).heartbeat_stale_after)
+    health = await app.health()
     now = health.counts.now
     state = request.app.state
     hour = await view.minute_stats(now - timedelta(hours=1))
@@ -600,7 +600,6 @@ async def workers_page(request: Request) -> Response:
     for h in running.jobs:
         by_worker.setdefault(h.record.lease_owner or "", []).append(h.record)
     now = await view.app.now()
-    stale = _options(request).heartbeat_stale_after
     return render(
         request,
         "workers.html",
@@ -610,9 +609,10 @@ async def workers_page(request: Request) -> Response:
         counts=counts,
         now=now,
         ago=_ago,
+        # Silent for longer than its own lease, as the health check judges a worker.
         stale=lambda w: (
             w.stopped_at is None
-            and (w.heartbeat_at is None or (now - w.heartbeat_at).total_seconds() > stale)
+            and (w.heartbeat_at is None or (now - w.heartbeat_at).total_seconds() > w.lease)
         ),
     )
 
