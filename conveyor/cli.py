@@ -71,7 +71,7 @@ from conveyor.errors import (
     UnknownJobType,
 )
 from conveyor.remote import RemoteClient
-from conveyor.store import Retention, sqlite_path
+from conveyor.store import QueueInfo, Retention, sqlite_path
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -594,6 +594,12 @@ class JobsTarget(Protocol):
 
     async def retry(self, job_id: str) -> ShownJob: ...
 
+    async def queues(self) -> list[QueueInfo]: ...
+
+    async def pause(self, queue: str) -> None: ...
+
+    async def resume(self, queue: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -960,6 +966,40 @@ def jobs_retry(target: Target, job_id: str) -> None:
     console.print(f"job {job_id} retried as [bold]{job.id}[/]")
 
 
+# -- queues ----------------------------------------------------------------------------
+
+
+@main.group()
+def queues() -> None:
+    """List queues with their job counts; pause and resume claiming from one."""
+
+
+@queues.command("list")
+@_jobs_target
+def queues_list(target: Target) -> None:
+    """List queues with their job counts per status and whether each is paused."""
+    found = target.run(lambda jobs: jobs.queues())
+    console.print(queues_table(found))
+
+
+@queues.command("pause")
+@click.argument("queue")
+@_jobs_target
+def queues_pause(target: Target, queue: str) -> None:
+    """Stop workers claiming jobs from QUEUE (running jobs finish)."""
+    target.run(lambda jobs: jobs.pause(queue))
+    console.print(f"queue {queue} paused: workers claim no new job from it")
+
+
+@queues.command("resume")
+@click.argument("queue")
+@_jobs_target
+def queues_resume(target: Target, queue: str) -> None:
+    """Let workers claim jobs from QUEUE again."""
+    target.run(lambda jobs: jobs.resume(queue))
+    console.print(f"queue {queue} resumed")
+
+
 # -- serve -----------------------------------------------------------------------------
 
 
@@ -1017,7 +1057,7 @@ def serve(
     max_body: int,
     log_format: str,
 ) -> None:
-    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) with uvicorn.
+    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
 
     Every route but /health needs a bearer token. Bound to an address other than
     loopback, serve refuses to start until a token exists (conveyor tokens create); on
@@ -1240,10 +1280,12 @@ def demo(app_spec: str, concurrency: int) -> None:
     seed: Callable[[Conveyor], Any] | None = getattr(module, "seed", None)
     if seed is None:
         _fail(f"{app_spec} has no seed(app) function that submits demo jobs", EXIT_USAGE)
-    _run(_demo(app, seed, concurrency))
+    _run(_demo(app, app_spec, seed, concurrency))
 
 
-async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int) -> None:
+async def _demo(
+    app: Conveyor, app_spec: str, seed: Callable[[Conveyor], Any], concurrency: int
+) -> None:
     submitted = seed(app)
     if inspect.isawaitable(submitted):
         submitted = await submitted
@@ -1271,6 +1313,17 @@ async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f". Inspect one with: conveyor jobs show {ids[0]} --database-url {app.url}"
     )
+    _, secret = await app.create_token(
+        tenant="default", role="admin", name="created by conveyor demo for the dashboard"
+    )
+    console.print(
+        "\nSee them in the dashboard: start the server with\n"
+        f"  conveyor serve {app_spec} --database-url {app.url}\n"
+        "then open http://127.0.0.1:8000/ui/ and sign in with this admin token "
+        "(shown this once):",
+        highlight=False,
+    )
+    console.print(secret, highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
+from conveyor.store.protocol import AuditEntry, MinuteStats
 from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -742,6 +743,42 @@ class Conveyor:
     async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
         """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden."""
         await self._tokens.authorize(principal, type, payload)
+
+    # -- what the dashboard reads and records -------------------------------------------
+
+    async def now(self) -> datetime:
+        """The store's clock (the database's, where it has one)."""
+        return await (await self.store()).now()
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an action to the audit log."""
+        await (await self.store()).record_audit(entry)
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """The audit log, newest first (``tenant``: only that tenant's entries)."""
+        return await (await self.store()).audit_log(tenant=tenant, before_id=before_id, limit=limit)
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
+        return await (await self.store()).minute_stats(since)
+
+    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lease with its current and last holders, newest first."""
+        store = await self.store()
+        return [(name, await store.lease_history(name)) for name in await store.lease_names()]
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker is running now."""
+        return await (await self.store()).running_by_worker()
+
+    async def count_below(self, job_id: str) -> dict[str, int]:
+        """Count by status the jobs below a job: its whole tree if it is a root, else its
+        children."""
+        job = (await self.get(job_id)).record
+        store = await self.store()
+        return await store.count_below(job_id, whole_tree=job.root_id is None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -814,3 +814,50 @@ SELECT queue, count(*) AS due,
 FROM conveyor_jobs
 WHERE status = 'queued' AND run_at <= coalesce(%(now)s::timestamptz, now())
 GROUP BY queue;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (coalesce(%(at)s, now()), %(tenant)s, %(token_id)s, %(action)s, %(target)s, %(detail)s);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = %(tenant)s AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (an index-only range of conveyor_jobs_finished_at).
+SELECT date_trunc('minute', finished_at) AS minute,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       extract(epoch FROM avg(started_at - run_at))::float8 AS wait
+FROM conveyor_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s
+GROUP BY 1
+ORDER BY 1;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;
+
+-- name: count_children
+-- A job's children by status (on conveyor_jobs_parent).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = %(job_id)s GROUP BY status;
+
+-- name: count_tree
+-- Every job below a root, by status (on conveyor_jobs_root).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = %(job_id)s GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on held leases).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs
+WHERE lease_expires_at IS NOT NULL AND status = 'running'
+GROUP BY lease_owner;

@@ -630,3 +630,50 @@ SELECT queue, count(*) AS due, :now - min(run_at) AS oldest_age
 FROM conveyor_jobs
 WHERE status = 'queued' AND run_at <= :now
 GROUP BY queue;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (:at, :tenant, :token_id, :action, :target, :detail);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = :tenant AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (a range of conveyor_jobs_finished_at, which covers these columns).
+SELECT CAST(finished_at / 60 AS INTEGER) * 60 AS minute,
+       sum(status = 'succeeded') AS succeeded,
+       sum(status = 'failed') AS failed,
+       avg(started_at - run_at) AS wait
+FROM conveyor_jobs INDEXED BY conveyor_jobs_finished_at
+WHERE finished_at IS NOT NULL AND finished_at >= :since
+GROUP BY minute
+ORDER BY minute;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;
+
+-- name: count_children
+-- A job's children by status (on conveyor_jobs_parent).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :job_id GROUP BY status;
+
+-- name: count_tree
+-- Every job below a root, by status (on conveyor_jobs_root).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = :job_id GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on running jobs).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
+WHERE status = 'running' AND lease_expires_at IS NOT NULL
+GROUP BY lease_owner;
