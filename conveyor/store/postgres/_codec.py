@@ -23,7 +23,7 @@ from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Lease, Submitted
 
 T = TypeVar("T")
 
@@ -312,6 +312,29 @@ def run_steps_sync(conn: psycopg.Connection[Any], steps: Script[T]) -> T:
             with conn.transaction():
                 return drive(steps, execute)
         return drive(steps, execute)
+
+
+def heartbeat_params(
+    worker_id: str,
+    leases: Sequence[Lease],
+    lease: float,
+    progress: Mapping[Lease, Progress],
+    now: datetime | None,
+) -> dict[str, Any]:
+    """The parameters of one heartbeat: every lease held or with progress to write."""
+    keys = list(dict.fromkeys([*leases, *progress]))
+    held = set(leases)
+    return {
+        "worker_id": worker_id,
+        "lease": float(lease),
+        "now": now,
+        "ids": [k.job_id for k in keys],
+        "tokens": [k.token for k in keys],
+        "renew": [k in held for k in keys],
+        "done": [float(progress[k].done) if k in progress else None for k in keys],
+        "total": [as_float(progress[k].total) if k in progress else None for k in keys],
+        "message": [progress[k].message if k in progress else None for k in keys],
+    }
 
 
 def as_float(value: float | None) -> float | None:

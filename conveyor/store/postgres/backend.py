@@ -42,8 +42,8 @@ from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
 from conveyor.store.postgres._codec import (
     DIALECT,
-    as_float,
     fetch_jobs,
+    heartbeat_params,
     job_of_row,
     on_database,
     run_steps,
@@ -527,19 +527,7 @@ class PostgresStore:
         lease: float,
         progress: Mapping[Lease, Progress],
     ) -> Beat:
-        keys = list(dict.fromkeys([*leases, *progress]))
-        held = set(leases)
-        params = {
-            "worker_id": worker_id,
-            "lease": float(lease),
-            "now": self._now(),
-            "ids": [k.job_id for k in keys],
-            "tokens": [k.token for k in keys],
-            "renew": [k in held for k in keys],
-            "done": [float(progress[k].done) if k in progress else None for k in keys],
-            "total": [as_float(progress[k].total) if k in progress else None for k in keys],
-            "message": [progress[k].message if k in progress else None for k in keys],
-        }
+        params = heartbeat_params(worker_id, leases, lease, progress, self._now())
         budget = max(0.05, min(lease * _HEARTBEAT_MARGIN_FRACTION, _HEARTBEAT_MARGIN_CAP) / 2)
 
         async def beat(conn: Connection) -> list[DictRow]:
