@@ -9,14 +9,15 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from conveyor.core import cron, durations, ids, lifecycle, model, retry
+from conveyor import errors
+from conveyor.core import cron, durations, health, ids, lifecycle, model, retry
 from conveyor.core.cron import CatchUp, Cron, plan, tick_id
 from conveyor.core.lifecycle import TRANSITIONS, Event, IllegalTransition, Status, transition
 from conveyor.core.model import Outcome, after_failure
 from conveyor.core.retry import Backoff, backoff_delay
 
 
-@pytest.mark.parametrize("module", [cron, durations, ids, lifecycle, model, retry])
+@pytest.mark.parametrize("module", [cron, durations, health, ids, lifecycle, model, retry, errors])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(importlib.import_module(module.__name__))  # type: ignore[attr-defined]
     assert result.attempted > 0

@@ -14,6 +14,7 @@ from conveyor.store.protocol import (
     LeaseRecord,
     Limits,
     QueueInfo,
+    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -57,6 +58,15 @@ def create_store(
     )
 
 
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL, None for another scheme (raises on a malformed one)."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    from conveyor.store.sqlite.backend import parse_sqlite_url
+
+    return parse_sqlite_url(url)
+
+
 __all__ = [
     "Beat",
     "HealthCounts",
@@ -65,6 +75,7 @@ __all__ = [
     "LeaseRecord",
     "Limits",
     "QueueInfo",
+    "QueueLag",
     "Rescued",
     "Retention",
     "ScheduleInfo",
@@ -72,4 +83,5 @@ __all__ = [
     "Submitted",
     "WorkerInfo",
     "create_store",
+    "sqlite_path",
 ]

@@ -59,6 +59,17 @@ class WorkerInfo:
     started_at: datetime | None = None
     heartbeat_at: datetime | None = None
     stopped_at: datetime | None = None
+    # Its lease and heartbeat interval in seconds: health judges the worker by them.
+    lease: float = 60.0
+    heartbeat_interval: float = 20.0
+
+    def state(self, now: datetime) -> str:
+        """``stopped``, ``dead`` (silent for longer than its lease), or ``live``."""
+        if self.stopped_at is not None:
+            return "stopped"
+        if self.heartbeat_at is None or (now - self.heartbeat_at).total_seconds() > self.lease:
+            return "dead"
+        return "live"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +112,10 @@ class HealthCounts:
     running: int
     stale_running: int  # running with an expired lease, not yet rescued
     workers: int  # workers ever registered
-    live_workers: int  # registered and not stopped
+    live_workers: int  # not stopped, newest heartbeat younger than the worker's lease
     last_heartbeat: datetime | None
     now: datetime
+    dead_workers: int = 0  # not stopped, but silent for longer than their lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +125,15 @@ class Rescued:
     job_id: str
     worker_id: str | None
     status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """A queue's due jobs: how many, and how long the oldest has waited (seconds)."""
+
+    queue: str
+    due: int
+    oldest_age: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,3 +375,53 @@ class Store(Protocol):
 
     async def list_tokens(self) -> list[Token]:
         """Return every token, newest first."""
+
+    async def queue_lag(self) -> list[QueueLag]:
+        """Return, per queue with due jobs, their number and the oldest one's wait."""
+
+    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an entry to the audit log (who did what, when, on what)."""
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
+        queue wait, read by a range of the index on ``finished_at``."""
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        """Return the names of named leases ever taken, by name."""
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """Count running jobs per worker id, on the index of running jobs' leases."""
+
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        """Count by status the jobs below ``job_id``: its children, or with ``whole_tree``
+        every job whose root it is (on the parent and root indexes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One action taken through the API or the dashboard: who, what, when, on what."""
+
+    at: datetime
+    tenant: str
+    token_id: str
+    action: str  # e.g. "job.cancel", "queue.pause", "schedule.run"
+    target: str  # what it acted on: a job id, a queue or schedule name
+    detail: str | None = None
+    id: int | None = None  # assigned by the store
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteStats:
+    """What ended during one minute."""
+
+    minute: datetime
+    succeeded: int
+    failed: int
+    wait_seconds: float | None  # mean of started_at - run_at over the jobs that ended

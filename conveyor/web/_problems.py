@@ -25,6 +25,7 @@ from conveyor.errors import (
     InvalidPayload,
     InvalidState,
     JobNotFound,
+    ScheduleNotFound,
     TokenNotFound,
     UnknownJobType,
 )
@@ -133,6 +134,7 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 _STATUS: list[tuple[type[Exception], int]] = [
     (JobNotFound, 404),
     (TokenNotFound, 404),
+    (ScheduleNotFound, 404),
     (Forbidden, 403),
     (IdempotencyConflict, 409),
     (InvalidState, 409),
@@ -188,7 +190,9 @@ def install_handlers(api: FastAPI) -> None:
     async def on_conveyor(request: Request, exc: Exception) -> Response:
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 400)
         errors = exc.errors if isinstance(exc, InvalidPayload) and exc.errors else None
-        return problem(status, str(exc), request.url.path, errors=errors)
+        # An API client cannot register a handler: tell it what the server runs instead.
+        detail = exc.for_client if isinstance(exc, UnknownJobType) else str(exc)
+        return problem(status, detail, request.url.path, errors=errors)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
@@ -204,3 +208,8 @@ def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(ConveyorError, on_conveyor)
     api.add_exception_handler(IllegalTransition, on_conveyor)
     api.add_exception_handler(Exception, on_unexpected)
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status of a conveyor error (400 for one not listed)."""
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), 400)

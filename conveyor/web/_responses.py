@@ -18,7 +18,7 @@ from conveyor._resource import iso, job_resource, job_url
 from conveyor.client import Health
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
-from conveyor.store import QueueInfo, WorkerInfo
+from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
 
 
 def accepted(
@@ -138,21 +138,23 @@ def queue_named(queues: list[QueueInfo], name: str) -> dict[str, Any]:
     return {"name": name, "paused": False, "counts": {}}
 
 
+def schedule(info: ScheduleInfo) -> dict[str, Any]:
+    sched = info.schedule
+    return {
+        "name": sched.name,
+        "cron": sched.cron.expression,
+        "timezone": sched.cron.timezone,
+        "type": sched.type,
+        "queue": sched.queue,
+        "enabled": info.enabled,
+        "next_run_at": iso(info.next_run_at),
+        "last_run_at": iso(info.last_run_at),
+    }
+
+
 def health(h: Health) -> dict[str, Any]:
     """The cluster's health with its counts, as ``/health/ready`` answers it."""
-    c = h.counts
-    return {
-        "status": h.status,
-        "queued": c.queued,
-        "due": c.due,
-        "running": c.running,
-        "stale_running": c.stale_running,
-        "workers": c.workers,
-        "live_workers": c.live_workers,
-        "last_heartbeat": iso(c.last_heartbeat),
-        "heartbeat_age": h.heartbeat_age,
-        "error": None,
-    }
+    return h.to_dict()
 
 
 def health_status(h: Health) -> int:

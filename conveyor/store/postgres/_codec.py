@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -19,10 +19,11 @@ from psycopg.types.json import JsonLoader
 
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
+from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Lease, Submitted
 
 T = TypeVar("T")
 
@@ -75,6 +76,7 @@ def _job_of(
     retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
     lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
     cancel_requested: bool,
+    trace_context: str | None,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -111,6 +113,7 @@ def _job_of(
         lease_expires_at=None if lease_expires_at is None else utc(lease_expires_at),
         lease_token=lease_token,
         cancel_requested=cancel_requested,
+        trace_context=trace_context,
     )
 
 
@@ -165,6 +168,7 @@ def _submit_params(
                     "unique_key": j.unique_key,
                     "concurrency_key": j.concurrency_key,
                     "retry_of": j.retry_of,
+                    "trace_context": j.trace_context,
                 }
                 for j in jobs
             ],
@@ -308,6 +312,29 @@ def run_steps_sync(conn: psycopg.Connection[Any], steps: Script[T]) -> T:
         return drive(steps, execute)
 
 
+def heartbeat_params(
+    worker_id: str,
+    leases: Sequence[Lease],
+    lease: float,
+    progress: Mapping[Lease, Progress],
+    now: datetime | None,
+) -> dict[str, Any]:
+    """The parameters of one heartbeat: every lease held or with progress to write."""
+    keys = list(dict.fromkeys([*leases, *progress]))
+    held = set(leases)
+    return {
+        "worker_id": worker_id,
+        "lease": float(lease),
+        "now": now,
+        "ids": [k.job_id for k in keys],
+        "tokens": [k.token for k in keys],
+        "renew": [k in held for k in keys],
+        "done": [float(progress[k].done) if k in progress else None for k in keys],
+        "total": [as_float(progress[k].total) if k in progress else None for k in keys],
+        "message": [progress[k].message if k in progress else None for k in keys],
+    }
+
+
 def as_float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
@@ -331,3 +358,25 @@ def settle_params(
         "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
         "message": [s.progress.message if s.progress else None for s in settlements],
     }
+
+
+def on_database(
+    expected: tuple[str, datetime], steps: Script[T], checked: Callable[[], None]
+) -> Script[T]:
+    """Run ``steps`` only if the application's connection is on this store's database.
+
+    A connection to another database would fail on a missing table, or worse, write the
+    jobs into another conveyor's tables; nothing is written before this check.
+    """
+    (row,) = yield "database_identity", {}
+    if (row["database"], row["started"]) != expected:
+        where = row["database"]
+        if row["database"] == expected[0]:
+            where = f"{where} on another server"
+        raise ConfigurationError(
+            f"connection= is to database {where!r}, but this application uses "
+            f"{expected[0]!r}: pass a connection to the application's database, or submit "
+            "without connection="
+        )
+    checked()
+    return (yield from steps)
