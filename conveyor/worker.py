@@ -171,6 +171,9 @@ class _Leases:
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._progress: dict[Lease, Progress] = {}
+        # Runs claimed and held (renewed by the heartbeat) whose handlers the event loop
+        # has not started yet, each with the older run of its job it replaces, if any.
+        self._claimed: collections.deque[tuple[_Run, _Run | None]] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -181,6 +184,19 @@ class _Leases:
             previous = self._runs.get(run.job.id)
             self._runs[run.job.id] = run
             return previous
+
+    def hold_claimed(self, jobs: Sequence[Job], lease: float, sent: float) -> None:
+        """Hold the leases of jobs just claimed, until the loop starts them (any thread)."""
+        for job in jobs:
+            run = _Run(job=job, lease=job.lease or lease, renewed_at=sent)
+            self._claimed.append((run, self.hold(run)))
+
+    def take_claimed(self) -> list[tuple[_Run, _Run | None]]:
+        """The runs held since last called, each with the older run of its job, if any."""
+        taken: list[tuple[_Run, _Run | None]] = []
+        while self._claimed:
+            taken.append(self._claimed.popleft())
+        return taken
 
     def release(self, runs: Iterable[_Run]) -> None:
         """Forget these runs (not a newer run of the same job) and their progress."""
@@ -308,9 +324,6 @@ class Worker:
         self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = _HandlerThreads(keep=options.concurrency)
-        # Runs claimed and held (renewed by the heartbeat) whose handlers the event loop
-        # has not started yet, each with the older run of its job it replaces, if any.
-        self._claimed: collections.deque[tuple[_Run, _Run | None]] = collections.deque()
         self.processed = 0
         self._metrics: Metrics | None = app.metrics if options.metrics else None
         self._hooks = app.hooks
@@ -451,8 +464,12 @@ class Worker:
                         queues=self.queues,
                         limit=free,
                         lease=self.options.lease,
-                        limits=self._limits(),
-                        on_claimed=functools.partial(self._hold_claimed, sent=sent),
+                        limits=_limits(self._limited, self.leases.snapshot()),
+                        # On the store's thread: the heartbeat renews the claimed
+                        # leases from then on, however long the event loop is blocked.
+                        on_claimed=functools.partial(
+                            self.leases.hold_claimed, lease=self.options.lease, sent=sent
+                        ),
                     )
                     if self._metrics is not None:
                         self._metrics.store_seconds.labels("claim").observe(time.monotonic() - sent)
@@ -481,34 +498,6 @@ class Worker:
             except TimeoutError:
                 pass
 
-    def _limits(self) -> Limits | None:
-        """The flow control this claim must respect, or None when no type has any."""
-        if not self._limited:
-            return None
-        running: dict[str, int] = {}
-        for run in self.leases.snapshot():
-            if not run.done:
-                running[run.job.type] = running.get(run.job.type, 0) + 1
-        local = {
-            t.name: t.options.concurrency - running.get(t.name, 0)
-            for t in self._limited
-            if t.options.concurrency is not None
-        }
-        return Limits(
-            local=local,
-            cluster={
-                t.name: t.options.global_concurrency
-                for t in self._limited
-                if t.options.global_concurrency is not None
-            },
-            per_key={
-                t.name: t.options.key_concurrency
-                for t in self._limited
-                if t.options.key_concurrency is not None
-            },
-            rate={t.name: t.options.rate_limit for t in self._limited if t.options.rate_limit},
-        )
-
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop_requested.wait(), seconds)
@@ -532,22 +521,12 @@ class Worker:
 
     # -- running ------------------------------------------------------------------------
 
-    def _hold_claimed(self, jobs: Sequence[Job], sent: float) -> None:
-        """Hold the leases of jobs just claimed (called on the store's thread).
-
-        The heartbeat renews them from here on, whatever the event loop is doing: a
-        handler blocking the loop delays when these jobs start, not their renewals.
-        """
-        for job in jobs:
-            run = _Run(job=job, lease=job.lease or self.options.lease, renewed_at=sent)
-            self._claimed.append((run, self.leases.hold(run)))
-
     def _start_claimed(self) -> None:
         """Start the handlers of the runs claimed since last called (on the loop)."""
         store = self._store
-        while self._claimed and store is not None:
-            run, previous = self._claimed.popleft()
-            self._start(store, run, previous)
+        if store is not None:
+            for run, previous in self.leases.take_claimed():
+                self._start(store, run, previous)
 
     def _start(self, store: Store, run: _Run, previous: _Run | None) -> None:
         job = run.job
@@ -608,21 +587,6 @@ class Worker:
         if self._hooks.attempt_start:
             self._hooks.started(AttemptStarted(job=job, worker_id=self.id))
 
-    async def _lease_current(self, run: _Run) -> bool:
-        """Wait until ``run``'s lease is known current: False when it may have expired.
-
-        A lease older than lease/3 (the loop was slow to start the run) is renewed by
-        the heartbeat at once; the handler waits for that renewal rather than start on
-        a lease another worker may be about to rescue.
-        """
-        while True:
-            now = time.monotonic()
-            if run.interrupt is _Interrupt.LOST or _may_have_expired(run, now):
-                return False
-            if now - run.renewed_at < run.lease / 3:
-                return True
-            await asyncio.sleep(0.01)
-
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
         if not _tracing.enabled():
             await self._attempt(run, job_type, store)
@@ -641,7 +605,7 @@ class Worker:
         """Run one attempt to its end; return its settlement (None: abandoned or lost)."""
         settlement: Settlement | None
         try:
-            if not await self._lease_current(run):
+            if not await _lease_current(run):
                 if not run.done:
                     log.warning("job %s: lease not renewed in time; not started", run.job.id)
                     self._finish(run, None)
@@ -1230,6 +1194,51 @@ class _Heartbeat(threading.Thread):
                 self.loop.call_soon_threadsafe(self.on_lost, expired)
             except RuntimeError:
                 pass
+
+
+def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
+    """The flow control this claim must respect, or None when no type has any."""
+    if not limited:
+        return None
+    running: dict[str, int] = {}
+    for run in held:
+        if not run.done:
+            running[run.job.type] = running.get(run.job.type, 0) + 1
+    local = {
+        t.name: t.options.concurrency - running.get(t.name, 0)
+        for t in limited
+        if t.options.concurrency is not None
+    }
+    return Limits(
+        local=local,
+        cluster={
+            t.name: t.options.global_concurrency
+            for t in limited
+            if t.options.global_concurrency is not None
+        },
+        per_key={
+            t.name: t.options.key_concurrency
+            for t in limited
+            if t.options.key_concurrency is not None
+        },
+        rate={t.name: t.options.rate_limit for t in limited if t.options.rate_limit},
+    )
+
+
+async def _lease_current(run: _Run) -> bool:
+    """Wait until ``run``'s lease is known current: False when it may have expired.
+
+    A lease older than lease/3 (the loop was slow to start the run) is renewed by
+    the heartbeat at once; the handler waits for that renewal rather than start on
+    a lease another worker may be about to rescue.
+    """
+    while True:
+        now = time.monotonic()
+        if run.interrupt is _Interrupt.LOST or _may_have_expired(run, now):
+            return False
+        if now - run.renewed_at < run.lease / 3:
+            return True
+        await asyncio.sleep(0.01)
 
 
 def _may_have_expired(run: _Run, now: float) -> bool:

@@ -116,6 +116,24 @@ _ATTEMPTS = 3
 __all__ = ["PostgresStore", "parse_postgres_url"]
 
 
+def _retrying(pool: ConnectionPool[SyncConnection], work: Callable[[SyncConnection], T]) -> T:
+    """Run ``work`` on a pooled blocking connection, again after a deadlock or a dead
+    idle connection (see :meth:`PostgresStore._run`)."""
+    for attempt in range(1, _ATTEMPTS + 1):
+        with pool.connection(timeout=_ACQUIRE_TIMEOUT) as conn:
+            try:
+                return work(conn)
+            except psycopg.errors.DeadlockDetected:
+                if attempt == _ATTEMPTS:
+                    raise
+                continue
+            except psycopg.OperationalError:
+                if attempt == _ATTEMPTS or not conn.broken:
+                    raise
+        pool.check()
+    raise AssertionError("not reached")
+
+
 class PostgresStore:
     """A store on one PostgreSQL database, shared by any number of workers and clients.
 
@@ -233,23 +251,10 @@ class PostgresStore:
                 return work(conn)
 
         def run() -> T:
-            for attempt in range(1, _ATTEMPTS + 1):
-                with pool.connection(timeout=_ACQUIRE_TIMEOUT) as conn:
-                    try:
-                        result = attempt_once(conn)
-                    except psycopg.errors.DeadlockDetected:
-                        if attempt == _ATTEMPTS:
-                            raise
-                        continue
-                    except psycopg.OperationalError:
-                        if attempt == _ATTEMPTS or not conn.broken:
-                            raise
-                    else:
-                        if then is not None:
-                            then(result)
-                        return result
-                pool.check()
-            raise AssertionError("not reached")
+            result = _retrying(pool, attempt_once)
+            if then is not None:
+                then(result)
+            return result
 
         return await asyncio.get_running_loop().run_in_executor(threads, run)
 
