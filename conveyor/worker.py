@@ -41,7 +41,7 @@ from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
 from conveyor.errors import ConfigurationError, ConveyorError
-from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every
+from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.store import Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
@@ -184,7 +184,6 @@ class Worker:
             asyncio.create_task(every(interval, duty, self._maintenance_stop), name=name)
             for name, interval, duty in (
                 ("conveyor-finish-parents", self.options.rescue_interval, ParentFinisher(store)),
-                ("conveyor-cron", self.options.cron_interval, CronFirer(store)),
                 (
                     "conveyor-prune",
                     self.options.prune_interval,
@@ -192,6 +191,10 @@ class Worker:
                 ),
             )
         ]
+        cron = on_the_clock(
+            CronFirer(store, interval=self.options.cron_interval), self._maintenance_stop
+        )
+        duties.append(asyncio.create_task(cron, name="conveyor-cron"))
         try:
             await self._produce(store)
             await self._drain()

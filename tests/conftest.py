@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from conveyor import Conveyor
+from conveyor.store import Store, create_store
+from tests.helpers import FakeClock
+from tests.processes import WorkerProcesses
 
 POSTGRES_URL = os.environ.get(
     "CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -65,5 +68,43 @@ def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
 async def app(db_url: str) -> AsyncIterator[Conveyor]:
     """An application on a fresh database, closed after the test."""
     application = Conveyor(db_url)
+    yield application
+    await application.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock | None:
+    """The time stores under test run on: pinned, so lease expiry is deterministic.
+
+    A module that tests the database's own clock overrides this with ``None``.
+    """
+    return FakeClock()
+
+
+@pytest.fixture
+async def store(db_url: str, clock: FakeClock | None) -> AsyncIterator[Store]:
+    """An open store on a fresh database, on the ``clock`` fixture's time."""
+    s = create_store(db_url, clock=clock)
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    """Real worker processes on the test's database; killed at the end of the test."""
+    procs = WorkerProcesses(db_url, tmp_path / "runs.log", tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+async def procs_app(db_url: str) -> AsyncIterator[Conveyor]:
+    """The application the worker processes run (tests/apps/procs.py), migrated."""
+    from tests.apps import procs
+
+    application = procs.app
+    application.url = db_url
+    await application.migrate()
     yield application
     await application.close()

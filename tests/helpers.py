@@ -5,8 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from conveyor import Conveyor, JobHandle, Status, Worker, WorkerOptions
+from conveyor.core.model import NewJob
+
+
+@dataclass
+class FakeClock:
+    """A store clock that moves only when a test says so."""
+
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def new(job_id: str, **kw: object) -> NewJob:
+    """A job to submit straight to a store: type ``t``, payload ``{"n": 1}`` unless given."""
+    base: dict[str, object] = {"id": job_id, "type": "t", "payload": {"n": 1}}
+    base.update(kw)
+    return NewJob(**base)  # type: ignore[arg-type]
 
 
 def fast_options(**kw: object) -> WorkerOptions:

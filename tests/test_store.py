@@ -5,44 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import NewJob, Outcome, Progress, Settlement
+from conveyor.core.model import Outcome, Progress, Settlement
 from conveyor.store import JobQuery, Lease, Store, create_store
-
-
-@dataclass
-class FakeClock:
-    now: float = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def store(db_url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    s = create_store(db_url, clock=clock)
-    await s.open()
-    yield s
-    await s.close()
-
-
-def new(job_id: str, **kw: object) -> NewJob:
-    base: dict[str, object] = {"id": job_id, "type": "t", "payload": {"n": 1}}
-    base.update(kw)
-    return NewJob(**base)  # type: ignore[arg-type]
+from tests.helpers import FakeClock, new
 
 
 async def claim(store: Store, limit: int = 10, queues: tuple[str, ...] = ("default",)):

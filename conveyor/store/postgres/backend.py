@@ -1226,7 +1226,7 @@ class PostgresStore:
 
         await self._transaction(sync)
 
-    async def fire_schedules(self, *, limit: int) -> list[str]:
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
         async def fire(conn: Connection) -> list[str]:
             created: list[str] = []
             for row in await self._rows(conn, "due_schedules", now=self._now(), limit=limit):
@@ -1234,7 +1234,9 @@ class PostgresStore:
                 now = _utc(row["read_at"])
                 if now is None:
                     raise RuntimeError("the database returned no time")
-                firing = plan_schedule(info.schedule, next_run_at=info.next_run_at, now=now)
+                firing = plan_schedule(
+                    info.schedule, next_run_at=info.next_run_at, now=now, min_grace=min_grace
+                )
                 moved = await conn.execute(
                     _Q["advance_schedule"],
                     {

@@ -974,7 +974,7 @@ class SQLiteStore:
 
         await self._write(sync)
 
-    async def fire_schedules(self, *, limit: int) -> list[str]:
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
         now = self._clock()
 
         def fire(conn: sqlite3.Connection) -> list[str]:
@@ -985,6 +985,7 @@ class SQLiteStore:
                     info.schedule,
                     next_run_at=info.next_run_at,
                     now=datetime.fromtimestamp(now, UTC),
+                    min_grace=min_grace,
                 )
                 moved = conn.execute(
                     _Q["advance_schedule"],
