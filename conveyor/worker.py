@@ -258,7 +258,7 @@ class Worker:
                     if failures:
                         log.warning("database reachable again; claiming resumed")
                     failures = 0
-                except ConveyorError:
+                except ConfigurationError:  # retrying cannot fix a setting
                     raise
                 except Exception as exc:  # the database may be restarting: back off, retry
                     failures += 1

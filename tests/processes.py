@@ -59,6 +59,7 @@ class WorkerProcesses:
         env["CONVEYOR_TEST_RECORD"] = str(self.record_path)
         env["CONVEYOR_DATABASE_URL"] = self.db_url
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["COLUMNS"] = "1000"  # one log record per line, for tests that read the logs
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         command = [
             sys.executable,

@@ -52,6 +52,7 @@ from conveyor.errors import (
 )
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
+from conveyor.store.postgres._errors import translated
 from conveyor.store.protocol import (
     Beat,
     HealthCounts,
@@ -594,18 +595,19 @@ class PostgresStore:
         pool = self._pool
         if pool is None:
             raise RuntimeError("the store is not open: call open() first")
-        for attempt in range(1, _ATTEMPTS + 1):
-            async with pool.connection(timeout=timeout) as conn:
-                try:
-                    return await work(conn)
-                except psycopg.errors.DeadlockDetected:
-                    if attempt == _ATTEMPTS:
-                        raise
-                    continue
-                except psycopg.OperationalError:
-                    if attempt == _ATTEMPTS or not conn.broken:
-                        raise
-            self._check_pool(pool)
+        with translated(self._where):
+            for attempt in range(1, _ATTEMPTS + 1):
+                async with pool.connection(timeout=timeout) as conn:
+                    try:
+                        return await work(conn)
+                    except psycopg.errors.DeadlockDetected:
+                        if attempt == _ATTEMPTS:
+                            raise
+                        continue
+                    except psycopg.OperationalError:
+                        if attempt == _ATTEMPTS or not conn.broken:
+                            raise
+                self._check_pool(pool)
         raise AssertionError("not reached")
 
     async def _connected(self, conn: Connection) -> None:

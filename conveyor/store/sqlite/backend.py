@@ -61,6 +61,7 @@ from conveyor.store.protocol import (
     Submitted,
     WorkerInfo,
 )
+from conveyor.store.sqlite._errors import rollback, translated
 
 T = TypeVar("T")
 
@@ -277,7 +278,8 @@ class SQLiteStore:
         if self._executor is None or self._conn is None:
             raise RuntimeError("the store is not open: call open() first")
         conn = self._conn
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
+        with translated(self.path):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
@@ -286,10 +288,10 @@ class SQLiteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(conn)
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                rollback(conn)
                 raise
-            conn.execute("COMMIT")
             self._commits += 1  # read by the watcher: this commit is not news
             return result
 
