@@ -3,6 +3,7 @@ PostgreSQL database created for it (and dropped afterwards)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,9 +27,8 @@ def _with_database(url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
-@pytest.fixture
-def postgres_database() -> Iterator[str]:
-    """A new, uniquely named PostgreSQL database; dropped at the end of the test."""
+@contextlib.contextmanager
+def _new_postgres_database() -> Iterator[str]:
     psycopg = pytest.importorskip("psycopg")
     name = f"conveyor_test_{uuid.uuid4().hex[:12]}"
     try:
@@ -49,6 +49,13 @@ def postgres_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A new, uniquely named PostgreSQL database; dropped at the end of the test."""
+    with _new_postgres_database() as url:
+        yield url
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -62,6 +69,16 @@ def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if backend == "postgres":
         return str(request.getfixturevalue("postgres_database"))
     raise ValueError(f"unknown backend {backend!r} in CONVEYOR_TEST_BACKENDS")
+
+
+@pytest.fixture
+def second_db_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """Another fresh database on the same backend, for tests that compare two."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'second.db'}"
+    else:
+        with _new_postgres_database() as url:
+            yield url
 
 
 @pytest.fixture

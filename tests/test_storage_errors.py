@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -159,9 +160,7 @@ async def test_a_write_lock_held_past_the_busy_timeout_is_a_storage_error(
     assert (await store.get("a")) is not None
 
 
-def _hold_write_lock(path: Path):  # type: ignore[no-untyped-def]
-    import sqlite3
-
+def _hold_write_lock(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("BEGIN IMMEDIATE")
     return conn
