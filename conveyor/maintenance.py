@@ -88,7 +88,10 @@ class CronFirer:
             return self.interval
         jitter = random.uniform(0.0, min(self.jitter, self.interval / 10))
         now = await self.store.now()  # the clock the store fires by
-        return next_check(upcoming, now=now, interval=self.interval, jitter=jitter)
+        delay = next_check(upcoming, now=now, interval=self.interval, jitter=jitter)
+        # A tick still due right after a look (another worker is firing it, or it cannot
+        # be fired) must not turn the loop into a busy one.
+        return max(delay, min(self.jitter, self.interval))
 
 
 @dataclass
