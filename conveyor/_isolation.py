@@ -30,8 +30,8 @@ from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
+    from conveyor._handles import JobHandle, Submission
     from conveyor._registry import JobType
-    from conveyor.client import JobHandle, Submission
 
 _PROGRESS_INTERVAL = 0.2  # the child sends progress to the parent at most this often
 
@@ -117,16 +117,21 @@ async def run_in_child(
             await _stop(process, outcome, 0.0)
         await loop.run_in_executor(None, process.join, 5)
         parent_end.close()
+    return _outcome(kind, detail, process.exitcode)
+
+
+def _outcome(kind: str, detail: Any, exitcode: int | None) -> JSON:
+    """The handler's result as the child reported it, or what it raised, raised again."""
     if kind == "result":
-        return detail[0]
+        result: JSON = detail[0]
+        return result
     if kind == "retry":
         raise Retry(after=detail[0], reason=detail[1])
     if kind == "cancel":
         raise Cancel(detail[0])
     if kind == "error":
         raise ChildFailed(detail[0], detail[1], final=detail[2])
-    code = process.exitcode
-    raise ChildFailed(f"the job's child process died ({_describe_exit(code)})")
+    raise ChildFailed(f"the job's child process died ({_describe_exit(exitcode)})")
 
 
 async def _stop(

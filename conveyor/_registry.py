@@ -66,7 +66,7 @@ class JobOptions:
             )
         if not self.name or len(self.name) > 200:
             raise ConfigurationError("a job type name must be 1 to 200 characters")
-        _check_queue(self.queue)
+        check_queue(self.queue)
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigurationError(
                 f"max_attempts of {self.name!r} must be an integer of at least 1, "
@@ -83,7 +83,7 @@ class JobOptions:
                 )
 
 
-def _check_queue(queue: object) -> None:
+def check_queue(queue: object) -> None:
     if not isinstance(queue, str) or not queue or len(queue) > 100 or "\x00" in queue:
         raise ConfigurationError(f"a queue name must be 1 to 100 characters, not {queue!r}")
 
@@ -160,22 +160,45 @@ class JobType:
         return arguments | dict(model.model_extra or {})
 
 
-def _check_json_text(job_type: str, value: object) -> None:
-    """Refuse NUL characters and non-finite numbers, which databases cannot store faithfully."""
-    stack = [value]
+def json_text_problem(value: object, *, max_depth: int | None = None) -> str | None:
+    """Say what in ``value`` a database cannot store faithfully, or None if nothing.
+
+    NUL characters, unpaired surrogates and non-finite numbers are refused, and with
+    ``max_depth`` containers nested deeper than that.
+
+    >>> json_text_problem({"a": [1.5, float("nan")]})
+    'numbers must be finite'
+    >>> json_text_problem([[[1]]], max_depth=2)[:29]
+    'the JSON nests deeper than 2 '
+    """
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise InvalidPayload(job_type, "strings in a payload must not contain NUL (\\x00)")
+                return "strings must not contain NUL (\\u0000)"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "strings must not contain unpaired surrogates"
         elif isinstance(item, float) and not math.isfinite(item):
-            raise InvalidPayload(job_type, "numbers in a payload must be finite")
-        elif isinstance(item, Mapping):
-            for key, sub in item.items():
-                stack.append(key)
-                stack.append(sub)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+            return "numbers must be finite"
+        elif isinstance(item, Mapping | list | tuple):
+            if max_depth is not None and depth > max_depth:
+                return (
+                    f"the JSON nests deeper than {max_depth} levels: flatten the payload or "
+                    "pass a reference to the data instead"
+                )
+            children = [*item.keys(), *item.values()] if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _check_json_text(job_type: str, value: object, *, max_depth: int | None = None) -> None:
+    """Refuse a payload that :func:`json_text_problem` finds fault with."""
+    problem = json_text_problem(value, max_depth=max_depth)
+    if problem is not None:
+        raise InvalidPayload(job_type, problem)
 
 
 def _describe(exc: pydantic.ValidationError) -> str:

@@ -23,7 +23,8 @@ def job_url(prefix: str, job_id: str) -> str:
     return f"{prefix.rstrip('/')}/{quote(job_id, safe='')}"
 
 
-def _time(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
+    """Return a time as the API writes it (ISO 8601 with its offset), or None."""
     return None if value is None else value.isoformat()
 
 
@@ -61,10 +62,10 @@ def job_resource(job: Job, prefix: str = "/jobs") -> dict[str, Any]:
         "unique_key": job.unique_key,
         "retry_of": job.retry_of,
         "timeout": job.timeout,
-        "run_at": _time(job.run_at),
-        "created_at": _time(job.created_at),
-        "started_at": _time(job.started_at),
-        "finished_at": _time(job.finished_at),
+        "run_at": iso(job.run_at),
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
         "links": {
             "self": here,
             "attempts": f"{here}/attempts",

@@ -12,6 +12,7 @@ unavailable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import ipaddress
@@ -20,29 +21,30 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
-from rich.console import Console
 from rich.live import Live
 from rich.logging import RichHandler
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
-from conveyor.client import Conveyor, JobHandle
+from conveyor._console import (
+    ShownJob,
+    console,
+    err_console,
+    follow,
+    jobs_table,
+    print_job,
+    queues_table,
+    schedules_table,
+    tokens_table,
+    workers_table,
+)
+from conveyor.client import Conveyor
 from conveyor.core.durations import seconds
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Attempt, Job
-from conveyor.core.model import Progress as ProgressRecord
+from conveyor.core.model import Attempt
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
@@ -55,29 +57,16 @@ from conveyor.errors import (
     TokenNotFound,
     UnknownJobType,
 )
+from conveyor.remote import RemoteClient
 from conveyor.store import Retention
-from conveyor.web.remote import RemoteClient, RemoteJob
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
-
-console = Console()
-err_console = Console(stderr=True)
 
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 4
-
-_STATUS_STYLE = {
-    "pending": "magenta",
-    "queued": "cyan",
-    "running": "yellow",
-    "waiting": "blue",
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "bright_black",
-}
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -137,8 +126,8 @@ def _app_from(app_spec: str | None, database_url: str | None) -> Conveyor:
     try:
         if app_spec:
             app = load_app(app_spec)
-            if database_url and database_url != app.url:
-                app.url = database_url
+            if database_url:
+                app.use_database(database_url)
             return app
         return Conveyor(database_url)
     except ConfigurationError as exc:
@@ -166,32 +155,6 @@ _token_option = click.option(
     metavar="TOKEN",
     help="API token for --url (env CONVEYOR_TOKEN).",
 )
-
-
-def _remote(url: str, token: str | None) -> RemoteClient:
-    try:
-        return RemoteClient(url, token)
-    except ConfigurationError as exc:
-        _fail(str(exc), EXIT_USAGE)
-
-
-class _JobView(Protocol):
-    """A job the commands print and follow: a local handle, or one read over HTTP."""
-
-    record: Job
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def type(self) -> str: ...
-    @property
-    def status(self) -> Status: ...
-    @property
-    def progress(self) -> ProgressRecord | None: ...
-    @property
-    def terminal(self) -> bool: ...
-    async def refresh(self) -> Any: ...
-    async def attempts(self) -> list[Attempt]: ...
 
 
 _url_option = click.option(
@@ -356,22 +319,7 @@ def schedules_list(app_spec: str | None, database_url: str | None) -> None:
         return await app.list_schedules()
 
     found = _run(go())
-    table = Table(title=f"{len(found)} schedule(s)", title_justify="left")
-    for column in ("name", "cron", "timezone", "job type", "catch-up", "enabled", "next", "last"):
-        table.add_column(column)
-    for info in found:
-        s = info.schedule
-        table.add_row(
-            s.name,
-            s.cron.expression,
-            s.cron.timezone,
-            s.type,
-            s.catch_up.value,
-            "yes" if info.enabled else "[red]no[/]",
-            info.next_run_at.isoformat(timespec="seconds"),
-            info.last_run_at.isoformat(timespec="seconds") if info.last_run_at else "",
-        )
-    console.print(table)
+    console.print(schedules_table(found))
 
 
 @schedules.command("run")
@@ -451,6 +399,103 @@ def migrate(app_spec: str | None, database_url: str | None) -> None:
         console.print("database is up to date")
 
 
+# -- where the job commands act -------------------------------------------------------------
+
+
+class JobsTarget(Protocol):
+    """Where the job commands act: the database through the facade (:class:`Conveyor`), or
+    a conveyor server through its API (:class:`~conveyor.remote.RemoteClient`)."""
+
+    async def submit(
+        self,
+        type: str,
+        payload: Mapping[str, Any],
+        *,
+        id: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+    ) -> ShownJob: ...
+
+    async def get(self, job_id: str) -> ShownJob: ...
+
+    async def list_jobs(
+        self,
+        *,
+        status: Sequence[str] = (),
+        type: str | None = None,
+        queue: str | None = None,
+        top_level: bool = False,
+        limit: int = 50,
+    ) -> Sequence[ShownJob]: ...
+
+    async def attempts(self, job_id: str) -> list[Attempt]: ...
+
+    async def cancel(self, job_id: str) -> ShownJob: ...
+
+    async def retry(self, job_id: str) -> ShownJob: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The target a job command was given, chosen once from its options."""
+
+    jobs: JobsTarget
+    close: Callable[[], Awaitable[None]]
+    remote: bool
+    has_app: bool
+
+    @classmethod
+    def choose(
+        cls,
+        app_spec: str | None,
+        database_url: str | None,
+        server_url: str | None,
+        token: str | None,
+    ) -> Target:
+        """A server's API given --url (its token from --token), else the database."""
+        if server_url:
+            try:
+                client = RemoteClient(server_url, token)
+            except ConfigurationError as exc:
+                _fail(str(exc), EXIT_USAGE)
+            return cls(client, client.close, remote=True, has_app=bool(app_spec))
+        app = _app_from(app_spec, database_url)
+        return cls(app, app.close, remote=False, has_app=bool(app_spec))
+
+    def run(self, action: Callable[[JobsTarget], Awaitable[T]]) -> T:
+        """Run ``action`` on the target, then close it; conveyor's errors become exit codes."""
+
+        async def go() -> T:
+            try:
+                return await action(self.jobs)
+            finally:
+                await self.close()
+
+        return _run(go())
+
+
+def _jobs_target(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a job command the --app/--database-url and --url/--token options, resolved
+    once into its ``target`` argument."""
+
+    @functools.wraps(command)
+    def with_target(
+        *args: Any,
+        app_spec: str | None,
+        database_url: str | None,
+        server_url: str | None,
+        token: str | None,
+        **kwargs: Any,
+    ) -> None:
+        target = Target.choose(app_spec, database_url, server_url, token)
+        command(*args, target=target, **kwargs)
+
+    for option in (_token_option, _server_option, _url_option, _app_option):
+        with_target = option(with_target)
+    return with_target
+
+
 # -- submit ----------------------------------------------------------------------------
 
 
@@ -474,8 +519,6 @@ def _parse_payload(text: str) -> dict[str, Any]:
 @main.command()
 @click.argument("job_type", metavar="TYPE")
 @click.option("--payload", "-p", default="{}", help="JSON object of keyword arguments.")
-@_app_option
-@_url_option
 @click.option("--id", "job_id", default=None, help="Client id (idempotent).")
 @click.option("--queue", default=None, help="Queue (default: the type's).")
 @click.option("--priority", type=int, default=None, help="Lower runs first.")
@@ -488,125 +531,48 @@ def _parse_payload(text: str) -> dict[str, Any]:
     default=None,
     help="With --wait: give up after this many seconds.",
 )
-@_server_option
-@_token_option
+@_jobs_target
 def submit(
+    target: Target,
     job_type: str,
     payload: str,
-    app_spec: str | None,
-    database_url: str | None,
     job_id: str | None,
     queue: str | None,
     priority: int | None,
     delay: str | None,
     wait: bool,
     wait_timeout: float | None,
-    server_url: str | None,
-    token: str | None,
 ) -> None:
     """Submit a job of TYPE; the payload is checked against the handler's signature.
 
     With --url the server checks it (no --app needed there).
     """
-    if server_url:
-        _submit_remote(
-            _remote(server_url, token),
-            job_type,
-            _parse_payload(payload),
-            job_id=job_id,
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            wait=wait,
-            wait_timeout=wait_timeout,
-        )
-        return
-    if not app_spec:
+    if not target.remote and not target.has_app:
         _fail(
             "submit needs the application to check the payload: pass --app module:attr "
             "or set CONVEYOR_APP",
             EXIT_USAGE,
         )
-    app = _app_from(app_spec, database_url)
     data = _parse_payload(payload)
-
-    async def go() -> JobHandle:
-        job = await app.submit(
-            job_type, data, id=job_id, queue=queue, priority=priority, delay=delay
-        )
-        console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
-        if wait:
-            await _follow(job, wait_timeout)
-        return job
-
-    job = _run(go())
-    if wait:
-        _print_job(job, attempts=None)
-        if job.status is not Status.SUCCEEDED:
-            sys.exit(EXIT_JOB_FAILED)
-
-
-def _submit_remote(
-    client: RemoteClient,
-    job_type: str,
-    data: dict[str, Any],
-    *,
-    job_id: str | None,
-    queue: str | None,
-    priority: int | None,
-    delay: str | None,
-    wait: bool,
-    wait_timeout: float | None,
-) -> None:
     try:
         delay_seconds = seconds(delay) if delay is not None else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--delay") from None
 
-    async def go() -> RemoteJob:
-        async with client:
-            job = await client.submit(
-                job_type, data, id=job_id, queue=queue, priority=priority, delay=delay_seconds
-            )
-            console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
-            if wait:
-                await _follow(job, wait_timeout)
-            return job
+    async def go(jobs: JobsTarget) -> ShownJob:
+        job = await jobs.submit(
+            job_type, data, id=job_id, queue=queue, priority=priority, delay=delay_seconds
+        )
+        console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
+        if wait and not await follow(job, wait_timeout):
+            _fail(f"job {job.id} still {job.status.value} after {wait_timeout}s", EXIT_JOB_FAILED)
+        return job
 
-    job = _run(go())
+    job = target.run(go)
     if wait:
-        _print_job(job, attempts=None)
+        print_job(job, attempts=None)
         if job.status is not Status.SUCCEEDED:
             sys.exit(EXIT_JOB_FAILED)
-
-
-async def _follow(job: _JobView, timeout: float | None) -> None:
-    """Poll a job until it is terminal, drawing its progress as a bar with rate and ETA."""
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[message]}"),
-        console=err_console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(job.status.value, total=None, message="")
-        try:
-            async with asyncio.timeout(timeout):
-                while not (await job.refresh()).terminal:
-                    p = job.progress
-                    bar.update(
-                        task,
-                        description=job.status.value,
-                        completed=p.done if p else 0,
-                        total=p.total if p and p.total else None,
-                        message=(p.message or "") if p else "",
-                    )
-                    await asyncio.sleep(0.2)
-        except TimeoutError:
-            _fail(f"job {job.id} still {job.status.value} after {timeout}s", EXIT_JOB_FAILED)
 
 
 # -- jobs ------------------------------------------------------------------------------
@@ -618,25 +584,25 @@ def jobs() -> None:
 
 
 @jobs.command("list")
-@_app_option
-@_url_option
 @click.option("--status", "-s", multiple=True, help="Filter by status (repeatable).")
 @click.option("--type", "job_type", default=None, help="Filter by job type.")
 @click.option("--queue", default=None, help="Filter by queue.")
+@click.option(
+    "--include-children",
+    is_flag=True,
+    help="Also list jobs spawned by other jobs (by default only top-level jobs).",
+)
 @click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
-@_server_option
-@_token_option
+@_jobs_target
 def jobs_list(
-    app_spec: str | None,
-    database_url: str | None,
+    target: Target,
     status: tuple[str, ...],
     job_type: str | None,
     queue: str | None,
+    include_children: bool,
     limit: int,
-    server_url: str | None,
-    token: str | None,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first: top-level ones unless --include-children."""
     known = {s.value for s in Status}
     for s in status:
         if s not in known:
@@ -644,172 +610,41 @@ def jobs_list(
                 f"unknown status {s!r}; use one of {', '.join(sorted(known))}",
                 param_hint="--status",
             )
-    found: Sequence[_JobView]
-    if server_url:
-        client = _remote(server_url, token)
-
-        async def remote() -> list[RemoteJob]:
-            async with client:
-                return await client.list_jobs(
-                    status=status, type=job_type, queue=queue, limit=limit
-                )
-
-        found = _run(remote())
-    else:
-        app = _app_from(app_spec, database_url)
-        found = _run(app.list_jobs(status=status, type=job_type, queue=queue, limit=limit))
-    console.print(_jobs_table(found, title=f"{len(found)} job(s)"))
-
-
-def _jobs_table(found: Sequence[_JobView], *, title: str | None = None) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("id", "type", "queue", "status", "attempt", "progress", "result / error"):
-        table.add_column(column, overflow="fold")
-    for job in found:
-        r = job.record
-        progress = ""
-        if r.progress is not None:
-            p = r.progress
-            progress = f"{p.done:g}/{p.total:g}" if p.total else f"{p.done:g}"
-            if p.fraction is not None:
-                progress += f" {p.fraction:.0%}"
-        outcome = r.error or "" if r.status is not Status.SUCCEEDED else json.dumps(r.result)
-        status_text = _status_text(r)
-        table.add_row(
-            r.id,
-            r.type,
-            r.queue,
-            f"[{_STATUS_STYLE[r.status.value]}]{status_text}[/]",
-            f"{r.attempt}/{r.max_attempts}",
-            progress,
-            (outcome or "")[:80],
+    found = target.run(
+        lambda jobs: jobs.list_jobs(
+            status=status,
+            type=job_type,
+            queue=queue,
+            top_level=not include_children,
+            limit=limit,
         )
-    return table
-
-
-def _status_text(r: Job) -> str:
-    """The status as the dashboard shows it: a queued job due later is scheduled or retrying."""
-    if r.status is Status.QUEUED and r.run_at > datetime.now(UTC):
-        return "retrying" if r.attempt > 0 else "scheduled"
-    return r.status.value
+    )
+    console.print(jobs_table(found, title=f"{len(found)} job(s)"))
 
 
 @jobs.command("show")
 @click.argument("job_id")
-@_app_option
-@_url_option
-@click.option("--follow", "-f", is_flag=True, help="Follow the job's progress until it ends.")
-@_server_option
-@_token_option
-def jobs_show(
-    job_id: str,
-    app_spec: str | None,
-    database_url: str | None,
-    follow: bool,
-    server_url: str | None,
-    token: str | None,
-) -> None:
+@click.option("--follow", "-f", "following", is_flag=True, help="Follow the job until it ends.")
+@_jobs_target
+def jobs_show(target: Target, job_id: str, following: bool) -> None:
     """Show one job with its attempts (--follow: a live progress bar until it ends)."""
 
-    async def go(get: Callable[[str], Awaitable[_JobView]]) -> tuple[_JobView, list[Any]]:
-        job = await get(job_id)
-        if follow and not job.terminal:
-            await _follow(job, None)
+    async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt]]:
+        job = await jobs.get(job_id)
+        if following and not job.terminal:
+            await follow(job, None)
         return job, await job.attempts()
 
-    if server_url:
-        client = _remote(server_url, token)
-
-        async def remote() -> tuple[_JobView, list[Any]]:
-            async with client:
-                return await go(client.get)
-
-        job, attempts = _run(remote())
-    else:
-        app = _app_from(app_spec, database_url)
-        job, attempts = _run(go(app.get))
-    _print_job(job, attempts)
-
-
-def _print_job(job: _JobView, attempts: list[Any] | None) -> None:
-    r = job.record
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    rows: list[tuple[str, str]] = [
-        ("id", r.id),
-        ("type", r.type),
-        ("queue", r.queue),
-        ("status", f"[{_STATUS_STYLE[r.status.value]}]{r.status.value}[/]"),
-        ("attempt", f"{r.attempt} of {r.max_attempts}"),
-        ("payload", json.dumps(r.payload)),
-        ("created", r.created_at.isoformat()),
-        ("run at", r.run_at.isoformat()),
-    ]
-    if r.started_at:
-        rows.append(("started", r.started_at.isoformat()))
-    if r.finished_at:
-        rows.append(("finished", r.finished_at.isoformat()))
-    if r.progress:
-        p = r.progress
-        bar = ""
-        if p.fraction is not None:
-            filled = int(p.fraction * 30)
-            bar = (
-                f"[green]{'█' * filled}[/][bright_black]{'░' * (30 - filled)}[/] {p.fraction:.0%} "
-            )
-        rows.append(("progress", f"{bar}{p.done:g}/{p.total or 0:g} {p.message or ''}"))
-    if r.state is not None:
-        rows.append(("state", json.dumps(r.state)))
-    if r.status is Status.SUCCEEDED:
-        rows.append(("result", json.dumps(r.result)))
-    if r.error:
-        rows.append(("error", r.error))
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
-    if attempts:
-        history = Table(title="attempts", title_justify="left")
-        for column in ("#", "worker", "started", "finished", "outcome", "error"):
-            history.add_column(column, overflow="fold")
-        for a in attempts:
-            history.add_row(
-                str(a.number),
-                a.worker_id or "",
-                a.started_at.isoformat() if a.started_at else "",
-                a.finished_at.isoformat() if a.finished_at else "",
-                a.outcome.value,
-                (a.error or "")[:100],
-            )
-        console.print(history)
+    job, attempts = target.run(go)
+    print_job(job, attempts)
 
 
 @jobs.command("cancel")
 @click.argument("job_id")
-@_app_option
-@_url_option
-@_server_option
-@_token_option
-def jobs_cancel(
-    job_id: str,
-    app_spec: str | None,
-    database_url: str | None,
-    server_url: str | None,
-    token: str | None,
-) -> None:
+@_jobs_target
+def jobs_cancel(target: Target, job_id: str) -> None:
     """Cancel a job (a running one is asked to stop)."""
-    job: _JobView
-    if server_url:
-        client = _remote(server_url, token)
-
-        async def remote() -> RemoteJob:
-            async with client:
-                return await client.cancel(job_id)
-
-        job = _run(remote())
-    else:
-        app = _app_from(app_spec, database_url)
-        job = _run(app.cancel(job_id))
+    job = target.run(lambda jobs: jobs.cancel(job_id))
     if job.status is Status.CANCELLED:
         console.print(f"job {job.id} cancelled")
     elif job.status is Status.RUNNING:
@@ -820,30 +655,10 @@ def jobs_cancel(
 
 @jobs.command("retry")
 @click.argument("job_id")
-@_app_option
-@_url_option
-@_server_option
-@_token_option
-def jobs_retry(
-    job_id: str,
-    app_spec: str | None,
-    database_url: str | None,
-    server_url: str | None,
-    token: str | None,
-) -> None:
+@_jobs_target
+def jobs_retry(target: Target, job_id: str) -> None:
     """Retry a failed or cancelled job as a new job (the old one is kept as it is)."""
-    job: _JobView
-    if server_url:
-        client = _remote(server_url, token)
-
-        async def remote() -> RemoteJob:
-            async with client:
-                return await client.retry(job_id)
-
-        job = _run(remote())
-    else:
-        app = _app_from(app_spec, database_url)
-        job = _run(app.retry(job_id))
+    job = target.run(lambda jobs: jobs.retry(job_id))
     console.print(f"job {job_id} retried as [bold]{job.id}[/]")
 
 
@@ -996,20 +811,7 @@ def tokens_list(app_spec: str | None, database_url: str | None) -> None:
     """List API tokens (never their secrets), newest first."""
     app = _app_from(app_spec, database_url)
     found = _run(app.list_tokens())
-    table = Table(title=f"{len(found)} token(s)", title_justify="left")
-    for column in ("id", "tenant", "role", "name", "created", "last used", "revoked"):
-        table.add_column(column, overflow="fold")
-    for t in found:
-        table.add_row(
-            t.id,
-            t.tenant,
-            t.role.value,
-            t.name or "",
-            t.created_at.isoformat(timespec="seconds"),
-            t.last_used_at.isoformat(timespec="seconds") if t.last_used_at else "",
-            t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else "",
-        )
-    console.print(table)
+    console.print(tokens_table(found))
 
 
 @tokens.command("revoke")
@@ -1044,30 +846,8 @@ def status(app_spec: str | None, database_url: str | None) -> None:
         return await app.queues(), await app.workers()
 
     queues, workers = _run(go())
-    qt = Table(title="queues", title_justify="left")
-    qt.add_column("queue")
-    qt.add_column("paused")
-    for s in Status:
-        qt.add_column(s.value, justify="right")
-    for q in queues:
-        qt.add_row(
-            q.name, "yes" if q.paused else "", *(str(q.counts.get(s.value, 0)) for s in Status)
-        )
-    console.print(qt)
-    wt = Table(title="workers", title_justify="left")
-    for column in ("id", "host", "pid", "queues", "concurrency", "last heartbeat", "state"):
-        wt.add_column(column)
-    for w in workers:
-        wt.add_row(
-            w.id,
-            w.hostname,
-            str(w.pid),
-            ",".join(w.queues),
-            str(w.concurrency),
-            w.heartbeat_at.isoformat() if w.heartbeat_at else "",
-            "stopped" if w.stopped_at else "running",
-        )
-    console.print(wt)
+    console.print(queues_table(queues))
+    console.print(workers_table(workers))
 
 
 # -- demo ------------------------------------------------------------------------------
@@ -1103,7 +883,7 @@ async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int
         with Live(console=console, refresh_per_second=8) as live:
             while True:
                 handles = [await app.get(i) for i in ids]
-                live.update(_jobs_table(handles, title="conveyor demo: jobs moving"))
+                live.update(jobs_table(handles, title="conveyor demo: jobs moving"))
                 if all(h.terminal for h in handles) or running.done():
                     break
                 await asyncio.sleep(0.25)

@@ -20,60 +20,56 @@ and ``job.sync.wait()``: the same code paths, run on a portal loop.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import contextlib
 import dataclasses
-import inspect
-import json
 import os
-import secrets
-import socket
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from conveyor import _blocking
-from conveyor._registry import Authorize, JobOptions, JobType, Registry, optional_seconds
-from conveyor._registry import _check_queue as check_queue
-from conveyor._resource import job_resource, job_url
-from conveyor.core.auth import (
-    Principal,
-    Role,
-    Token,
-    check_tenant,
-    format_token,
-    hash_secret,
-    secret_matches,
-    split_token,
+from conveyor._handles import (
+    JobDefinition,
+    JobHandle,
+    JobPage,
+    JobView,
+    Submission,
+    decode_cursor,
+    encode_cursor,
 )
+from conveyor._leases import NamedLease
+from conveyor._registry import (
+    Authorize,
+    JobOptions,
+    JobType,
+    Registry,
+    check_queue,
+    optional_seconds,
+)
+from conveyor._tokens import Tokens
+from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess
 from conveyor.core.ids import new_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, as_utc
+from conveyor.core.model import JSON, Attempt, NewJob, as_utc
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
-    Forbidden,
     IdempotencyConflict,
     InvalidDependency,
     InvalidPayload,
     JobNotFound,
-    LeaseHeld,
     ScheduleNotFound,
-    TokenNotFound,
 )
 from conveyor.store import (
     HealthCounts,
     JobPageQuery,
-    JobQuery,
     LeaseRecord,
     QueueInfo,
     Retention,
@@ -83,160 +79,13 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
-
-if TYPE_CHECKING:
-    from starlette.responses import JSONResponse
-
-    from conveyor.worker import Worker, WorkerOptions
+from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
 _MAX_ID = 200
-# last_used_at of a token is written at most this often (seconds), not on every request.
-_TOUCH_EVERY = 60.0
-# Compared against when a token id is unknown, so that both paths hash and compare.
-_NO_SECRET = "0" * 64
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """One job to submit with :meth:`Conveyor.submit_many`."""
-
-    type: str
-    payload: Mapping[str, JSON]
-    id: str | None = None
-    queue: str | None = None
-    priority: int | None = None
-    run_at: datetime | None = None
-    delay: Duration | None = None
-    max_attempts: int | None = None
-    timeout: Duration | None = None
-    unique_key: str | None = None
-    tenant: str | None = None
-    depends_on: tuple[str, ...] = ()
-    concurrency_key: str | None = None
-
-
-class JobView:
-    """The fields of a job as last read, shared by local and remote job handles."""
-
-    def __init__(self, record: Job) -> None:
-        self.record = record
-
-    def __repr__(self) -> str:
-        return f"<Job {self.record.id} {self.record.type} {self.record.status.value}>"
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def type(self) -> str:
-        return self.record.type
-
-    @property
-    def status(self) -> Status:
-        return self.record.status
-
-    @property
-    def result(self) -> JSON:
-        return self.record.result
-
-    @property
-    def error(self) -> str | None:
-        return self.record.error
-
-    @property
-    def attempt(self) -> int:
-        return self.record.attempt
-
-    @property
-    def progress(self) -> Progress | None:
-        return self.record.progress
-
-    @property
-    def state(self) -> JSON:
-        return self.record.state
-
-    @property
-    def terminal(self) -> bool:
-        return self.record.terminal
-
-
-class JobHandle(JobView):
-    """A job as last read from the store, with the means to refresh it and wait for it."""
-
-    def __init__(self, app: Conveyor, record: Job) -> None:
-        super().__init__(record)
-        self._app = app
-
-    async def refresh(self) -> JobHandle:
-        """Read the job again; return self."""
-        self.record = (await self._app.get(self.id)).record
-        return self
-
-    async def wait(self, timeout: float | None = None, *, poll: float = 0.5) -> JobHandle:
-        """Wait until the job is terminal; raise TimeoutError after ``timeout`` seconds."""
-        interval = 0.01
-        async with asyncio.timeout(timeout):
-            while not (await self.refresh()).terminal:
-                await asyncio.sleep(interval)
-                interval = min(poll, interval * 2)
-        return self
-
-    async def attempts(self) -> list[Attempt]:
-        return await self._app.attempts(self.id)
-
-    async def cancel(self, reason: str = "cancelled by request") -> JobHandle:
-        return await self._app.cancel(self.id, reason=reason)
-
-    @property
-    def sync(self) -> Any:
-        """Blocking versions of this handle's coroutine methods."""
-        return _blocking.Blocking(self)
-
-    def accepted(
-        self, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
-    ) -> JSONResponse:
-        """Return a ``202 Accepted`` response whose ``Location`` is this job's resource.
-
-        For an application's own Starlette or FastAPI endpoints: ``return job.accepted()``
-        answers as ``POST /jobs`` does, with the job resource as body. ``prefix`` is where
-        the conveyor API serves jobs (``"/api/jobs"`` when it is mounted at ``/api``).
-        """
-        from starlette.responses import JSONResponse
-
-        location = job_url(prefix, self.id)
-        return JSONResponse(
-            job_resource(self.record, prefix),
-            status_code=202,
-            headers={"Location": location, **(headers or {})},
-        )
-
-
-class JobDefinition(Generic[P, R]):
-    """A registered handler: call it like the function, or submit jobs of its type."""
-
-    def __init__(self, app: Conveyor, job_type: JobType) -> None:
-        self._app = app
-        self.job_type = job_type
-        self.name = job_type.name
-        self.__wrapped__ = job_type.fn
-        self.__doc__ = job_type.fn.__doc__
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = self.job_type.fn(*args, **kwargs)
-        return result
-
-    async def submit(self, **payload: Any) -> JobHandle:
-        """Submit a job of this type with the handler's keyword arguments as payload."""
-        return await self._app.submit(self.name, payload)
-
-    def submit_sync(self, **payload: Any) -> JobHandle:
-        """Blocking :meth:`submit`, for code that is not async."""
-        return _blocking.run(self.submit(**payload))
 
 
 class Conveyor:
@@ -262,7 +111,7 @@ class Conveyor:
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
-        self._tokens_touched: dict[str, float] = {}  # token id -> monotonic time written
+        self._tokens = Tokens(self.store, self.registry)
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url}>"
@@ -375,6 +224,23 @@ class Conveyor:
                 await store.open()
                 self._stores[loop] = store
         return store
+
+    def use_database(self, url: str) -> None:
+        """Point this application at another database before its first use.
+
+        For tools that load an application and are told its database separately (the
+        CLI's ``--database-url``). The URL is checked as the constructor checks it, and a
+        change is refused while a store is open on a running event loop: jobs would be
+        split between two databases.
+        """
+        if url == self.url:
+            return
+        create_store(url, clock=self.clock, migrate=self.migrate_on_open)
+        if any(not loop.is_closed() for loop in self._stores):
+            raise ConfigurationError(
+                f"this application already uses {self.url}; it cannot move to another database"
+            )
+        self.url = url
 
     def new_store(self) -> Store:
         """Return a new, unopened store on this application's database."""
@@ -521,26 +387,72 @@ class Conveyor:
             raise JobNotFound(job_id)
         return JobHandle(self, job)
 
+    async def page_jobs(
+        self,
+        *,
+        status: Iterable[Status | str] = (),
+        type: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        top_level: bool = False,
+        newest_first: bool = True,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """Return one page of jobs in creation order and the cursor of the next page.
+
+        Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
+        ``cursor`` (with the same filters) for the following page; ``next`` is None on
+        the last page. ``top_level`` leaves out jobs that have a parent.
+        """
+        try:
+            statuses = tuple(Status(s) for s in status)
+        except ValueError as exc:
+            known = ", ".join(s.value for s in Status)
+            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
+        query = JobPageQuery(
+            status=statuses,
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=parent_id,
+            root_id=root_id,
+            created_after=as_utc(created_after) if created_after else None,
+            created_before=as_utc(created_before) if created_before else None,
+            top_level=top_level,
+            newest_first=newest_first,
+            after=decode_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        jobs = await (await self.store()).page_jobs(query)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        following = encode_cursor(jobs[-1]) if more and jobs else None
+        return JobPage([JobHandle(self, j) for j in jobs], following)
+
     async def list_jobs(
         self,
         *,
         status: Iterable[Status | str] = (),
         type: str | None = None,
         queue: str | None = None,
-        before_id: str | None = None,
+        top_level: bool = False,
         limit: int = 50,
     ) -> list[JobHandle]:
-        """Return jobs, newest first."""
-        try:
-            statuses = tuple(Status(s) for s in status)
-        except ValueError as exc:
-            known = ", ".join(s.value for s in Status)
-            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
-        if not 1 <= limit <= 1000:
-            raise ConfigurationError("limit must be between 1 and 1000")
-        query = JobQuery(status=statuses, type=type, queue=queue, before_id=before_id, limit=limit)
-        jobs = await (await self.store()).list_jobs(query)
-        return [JobHandle(self, j) for j in jobs]
+        """Return jobs, newest first: the first page of :meth:`page_jobs`.
+
+        ``top_level`` leaves out jobs spawned by other jobs.
+        """
+        page = await self.page_jobs(
+            status=status, type=type, queue=queue, top_level=top_level, limit=limit
+        )
+        return page.jobs
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         """Return a job's attempts, oldest first."""
@@ -586,13 +498,13 @@ class Conveyor:
 
     async def children(self, job_id: str, *, limit: int = 1000) -> list[JobHandle]:
         """Return a job's direct children, newest first."""
-        jobs = await (await self.store()).list_jobs(JobQuery(parent_id=job_id, limit=limit))
-        return [JobHandle(self, j) for j in jobs]
+        return (await self.page_jobs(parent_id=job_id, limit=limit)).jobs
 
     async def tree(self, root_id: str, *, limit: int = 10_000) -> list[JobHandle]:
         """Return a job and every job below it (``root_id`` links them), oldest first."""
         root = await self.get(root_id)
-        below = await (await self.store()).list_jobs(JobQuery(root_id=root_id, limit=limit))
+        query = JobPageQuery(root_id=root_id, newest_first=False, limit=limit)
+        below = await (await self.store()).page_jobs(query)
         return [root, *sorted((JobHandle(self, j) for j in below), key=lambda h: h.id)]
 
     async def workers(self) -> list[WorkerInfo]:
@@ -693,7 +605,7 @@ class Conveyor:
         turns true if renewal fails. Use ``with`` instead of ``async with`` in code that is
         not async.
         """
-        return NamedLease(self, name, ttl=optional_seconds(ttl, "ttl") or 60.0, owner=owner)
+        return NamedLease(self.store, name, ttl=optional_seconds(ttl, "ttl") or 60.0, owner=owner)
 
     async def lease_history(self, name: str) -> list[LeaseRecord]:
         """The current and last holders of a named lease, newest first."""
@@ -724,8 +636,6 @@ class Conveyor:
 
     def worker(self, options: WorkerOptions | None = None) -> Worker:
         """Return a worker for this application (run it with ``await worker.run()``)."""
-        from conveyor.worker import Worker, WorkerOptions
-
         return Worker(self, options or WorkerOptions())
 
     @property
@@ -733,7 +643,7 @@ class Conveyor:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
         return _blocking.Blocking(self)
 
-    # -- the REST API's reads, health and tokens ----------------------------------------
+    # -- the REST API's submits and reads, health, API tokens ----------------------------
 
     async def submit_many_reporting(
         self, submissions: Sequence[Submission]
@@ -754,55 +664,6 @@ class Conveyor:
             return []
         jobs = await (await self.store()).get_many(list(dict.fromkeys(job_ids)))
         return [JobHandle(self, j) for j in jobs]
-
-    async def page_jobs(
-        self,
-        *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        top_level: bool = False,
-        newest_first: bool = True,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JobPage:
-        """Return one page of jobs in creation order and the cursor of the next page.
-
-        Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
-        ``cursor`` (with the same filters) for the following page; ``next`` is None on
-        the last page. ``top_level`` leaves out jobs that have a parent.
-        """
-        try:
-            statuses = tuple(Status(s) for s in status)
-        except ValueError as exc:
-            known = ", ".join(s.value for s in Status)
-            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
-        if not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
-        query = JobPageQuery(
-            status=statuses,
-            type=type,
-            queue=queue,
-            tenant=tenant,
-            parent_id=parent_id,
-            root_id=root_id,
-            created_after=as_utc(created_after) if created_after else None,
-            created_before=as_utc(created_before) if created_before else None,
-            top_level=top_level,
-            newest_first=newest_first,
-            after=_decode_cursor(cursor) if cursor else None,
-            limit=limit + 1,
-        )
-        jobs = await (await self.store()).page_jobs(query)
-        more = len(jobs) > limit
-        jobs = jobs[:limit]
-        following = _encode_cursor(jobs[-1]) if more and jobs else None
-        return JobPage([JobHandle(self, j) for j in jobs], following)
 
     async def health(self, *, stale_after: float = 60.0) -> Health:
         """Report the cluster's health: counts and ``healthy``, ``degraded`` or ``unhealthy``.
@@ -825,170 +686,23 @@ class Conveyor:
         self, *, tenant: str, role: Role | str, name: str | None = None
     ) -> tuple[Token, str]:
         """Create an API token; return it and its secret, which is not kept: show it once."""
-        try:
-            check_tenant(tenant)
-            role = Role(role)
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"{exc}" if "tenant" in str(exc) else "a role is read, write or admin"
-            ) from None
-        if name is not None and (len(name) > 200 or "\x00" in name):
-            raise ConfigurationError("a token name must be at most 200 characters, without NUL")
-        token_id = secrets.token_hex(6)
-        secret = secrets.token_urlsafe(32)
-        store = await self.store()
-        token = Token(
-            id=token_id,
-            tenant=tenant,
-            role=role,
-            secret_hash=hash_secret(secret),
-            name=name,
-            created_at=await store.now(),
-        )
-        await store.create_token(token)
-        return token, format_token(token_id, secret)
+        return await self._tokens.create(tenant=tenant, role=role, name=name)
 
     async def authenticate(self, presented: str) -> Principal | None:
-        """Return the principal of a presented API token, or None if it is not valid.
-
-        Unknown, malformed and revoked tokens are all None. The secret's digest is compared
-        in constant time; ``last_used_at`` is written at most once a minute per token.
-        """
-        parts = split_token(presented)
-        if parts is None:
-            return None
-        token_id, secret = parts
-        token = await (await self.store()).find_token(token_id)
-        matches = secret_matches(secret, token.secret_hash if token else _NO_SECRET)
-        if token is None or not matches or not token.active:
-            return None
-        now = time.monotonic()
-        if now - self._tokens_touched.get(token_id, -_TOUCH_EVERY) >= _TOUCH_EVERY:
-            self._tokens_touched[token_id] = now
-            await (await self.store()).touch_token(token_id)
-        return token.principal()
+        """Return the principal of a presented API token, or None if it is not valid."""
+        return await self._tokens.authenticate(presented)
 
     async def list_tokens(self) -> list[Token]:
         """Return every API token (revoked ones too), newest first."""
-        return await (await self.store()).list_tokens()
+        return await self._tokens.list()
 
     async def revoke_token(self, token_id: str) -> Token:
         """Revoke an API token: requests bearing it are refused from now on."""
-        token = await (await self.store()).revoke_token(token_id)
-        if token is None:
-            raise TokenNotFound(token_id)
-        self._tokens_touched.pop(token_id, None)
-        return token
+        return await self._tokens.revoke(token_id)
 
     async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
-        """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden.
-
-        Types without a check, and types this application does not know (submitting them
-        fails anyway), pass.
-        """
-        job_type = self.registry.find(type)
-        check = job_type.options.authorize if job_type is not None else None
-        if job_type is None or check is None:
-            return
-        data = job_type.validate(payload)
-        try:
-            allowed = check(principal, data)
-            if inspect.isawaitable(allowed):
-                allowed = await allowed
-        except Forbidden:
-            raise
-        except Exception as exc:
-            raise Forbidden(
-                f"the authorisation check of {type!r} refused this payload for tenant "
-                f"{principal.tenant!r}: {exc}"
-            ) from None
-        if not allowed:
-            raise Forbidden(
-                f"tenant {principal.tenant!r} may not submit {type!r} jobs with this payload "
-                "(refused by the job type's authorisation check)"
-            )
-
-
-class NamedLease:
-    """A held named lease; see :meth:`Conveyor.lease`."""
-
-    def __init__(self, app: Conveyor, name: str, *, ttl: float, owner: str | None) -> None:
-        if ttl < 0.3:
-            raise ConfigurationError("a lease ttl must be at least 0.3 seconds")
-        self.app = app
-        self.name = name
-        self.ttl = ttl
-        self.owner = owner or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-        self.token = 0
-        self.expires_at: datetime | None = None
-        self._lost = asyncio.Event()
-        self._renewer: asyncio.Task[None] | None = None
-        self._held = False
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease could not be renewed: stop acting on its behalf."""
-        return self._lost.is_set()
-
-    async def wait_lost(self) -> None:
-        """Return when the lease is lost."""
-        await self._lost.wait()
-
-    async def acquire(self) -> NamedLease:
-        store = await self.app.store()
-        record = await store.acquire_lease(self.name, owner=self.owner, ttl=self.ttl)
-        if record.owner != self.owner:
-            raise LeaseHeld(self.name, record.owner, record.expires_at)
-        self.token, self.expires_at, self._held = record.token, record.expires_at, True
-        self._renewer = asyncio.create_task(self._renew(store), name=f"conveyor-lease-{self.name}")
-        return self
-
-    async def _renew(self, store: Store) -> None:
-        renewed = time.monotonic()
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            try:
-                expires = await store.renew_lease(self.name, token=self.token, ttl=self.ttl)
-            except Exception:
-                # The database may be briefly away: keep trying while the lease can still
-                # be valid, and give it up before it could expire unnoticed.
-                if time.monotonic() - renewed > self.ttl * 0.8:
-                    self._lost.set()
-                    return
-                continue
-            if expires is None:
-                self._lost.set()
-                return
-            renewed, self.expires_at = time.monotonic(), expires
-
-    async def release(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-        if self._held and not self.lost:
-            await (await self.app.store()).release_lease(self.name, token=self.token)
-        self._held = False
-
-    async def __aenter__(self) -> NamedLease:
-        return await self.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
-
-    def __enter__(self) -> NamedLease:
-        return _blocking.run(self.acquire())
-
-    def __exit__(self, *exc: object) -> None:
-        _blocking.run(self.release())
-
-
-@dataclass(frozen=True, slots=True)
-class JobPage:
-    """One page of jobs and the cursor of the next page (None on the last page)."""
-
-    jobs: list[JobHandle]
-    next: str | None
+        """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden."""
+        await self._tokens.authorize(principal, type, payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -998,25 +712,6 @@ class Health:
     status: str
     counts: HealthCounts
     heartbeat_age: float | None  # seconds since the newest worker heartbeat
-
-
-def _encode_cursor(job: Job) -> str:
-    raw = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, job_id = json.loads(raw)
-        if not isinstance(job_id, str) or not isinstance(created, str):
-            raise ValueError(cursor)
-        return as_utc(datetime.fromisoformat(created)), job_id
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise ConfigurationError(
-            "cursor is not one this server handed out: use the `next` of the previous page, "
-            "or leave it out for the first page"
-        ) from None
 
 
 def _rate(value: str | None) -> tuple[int, float] | None:
@@ -1058,4 +753,13 @@ def _check_acyclic(jobs: Sequence[NewJob]) -> None:
         visit(node, [])
 
 
-__all__ = ["Conveyor", "JobDefinition", "JobHandle", "Submission"]
+__all__ = [
+    "Conveyor",
+    "Health",
+    "JobDefinition",
+    "JobHandle",
+    "JobPage",
+    "JobView",
+    "NamedLease",
+    "Submission",
+]

@@ -14,13 +14,13 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from conveyor.client import Submission
+from conveyor._handles import Submission
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import LeaseLost
 
 if TYPE_CHECKING:
-    from conveyor.client import JobHandle
+    from conveyor._handles import JobHandle
 
 
 class Retry(Exception):

@@ -45,8 +45,9 @@ from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, eve
 from conveyor.store import Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
+    from conveyor._handles import JobHandle, Submission
+    from conveyor._host import WorkerHost
     from conveyor._registry import JobType
-    from conveyor.client import Conveyor, JobHandle, Submission
 
 log = logging.getLogger("conveyor.worker")
 
@@ -114,7 +115,7 @@ class _Run:
 class Worker:
     """Claims and runs jobs for one application until stopped (or, in burst mode, idle)."""
 
-    def __init__(self, app: Conveyor, options: WorkerOptions) -> None:
+    def __init__(self, app: WorkerHost, options: WorkerOptions) -> None:
         self.app = app
         self.options = options
         self.id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
@@ -782,9 +783,9 @@ class _Heartbeat(threading.Thread):
                 pass
 
 
-def run_worker(app: Conveyor, options: WorkerOptions) -> None:
+def run_worker(app: WorkerHost, options: WorkerOptions) -> None:
     """Run a worker in this thread until it stops (a convenience for scripts)."""
-    asyncio.run(app.worker(options).run())
+    asyncio.run(Worker(app, options).run())
 
 
 __all__ = ["Worker", "WorkerOptions", "run_worker"]

@@ -3,6 +3,7 @@ against a remote server with ``--url``/``--token``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -16,7 +17,11 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from conveyor import Conveyor
 from conveyor.cli import main
+from conveyor.core.model import NewJob
+from conveyor.web import create_api
+from tests.apiserver import serving
 from tests.processes import ROOT
 
 APP = "tests.apps.api:app"
@@ -148,3 +153,33 @@ def test_remote_job_commands_against_serve_with_worker(served: tuple[str, str]) 
     assert code == 2 and "refused the token (401)" in err
     code, _, err = cli("jobs", "list", "--url", base)
     assert code == 2 and "needs an API token" in err
+
+
+def _listed(out: str, ids: list[str]) -> set[str]:
+    return {job_id for job_id in ids if job_id in out}
+
+
+def test_jobs_list_shows_the_same_jobs_locally_and_through_a_server(db_url: str) -> None:
+    app = Conveyor(db_url)
+
+    async def a_tree() -> str:
+        store = await app.store()
+        await store.submit([NewJob(id="tree-root", type="add", payload={})])
+        child = NewJob(
+            id="tree-leaf", type="add", payload={}, parent_id="tree-root", root_id="tree-root"
+        )
+        await store.submit([child])
+        _, secret = await app.create_token(tenant="default", role="admin")
+        await app.close()
+        return secret
+
+    secret = asyncio.run(a_tree())
+    ids = ["tree-root", "tree-leaf"]
+    with serving(app, create_api(app)) as server:
+        remote = ("--url", server.base_url, "--token", secret)
+        for flags, expected in (((), {"tree-root"}), (("--include-children",), set(ids))):
+            code, local_out, err = cli("jobs", "list", *flags, "--database-url", db_url)
+            assert code == 0, err
+            code, remote_out, err = cli("jobs", "list", *flags, *remote)
+            assert code == 0, err
+            assert _listed(local_out, ids) == _listed(remote_out, ids) == expected, flags

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Conveyor, JobContext, Status, WorkerOptions
+from conveyor.core.model import NewJob
 from conveyor.worker import run_worker
 from tests.helpers import running_worker
 
@@ -84,3 +85,21 @@ async def test_job_options_are_validated_when_declared(app: Conveyor) -> None:
         @app.job()
         async def no_ctx() -> None:
             return None
+
+
+async def test_list_jobs_is_the_first_page_of_page_jobs(app: Conveyor) -> None:
+    @app.job()
+    async def step(ctx: JobContext) -> None:
+        return None
+
+    store = await app.store()
+    await store.submit([NewJob(id="root", type="step", payload={})])
+    await store.submit(
+        [NewJob(id="leaf", type="step", payload={}, parent_id="root", root_id="root")]
+    )
+    everything = await app.page_jobs(limit=10)
+    assert [j.id for j in await app.list_jobs()] == [j.id for j in everything.jobs]
+    assert {j.id for j in everything.jobs} == {"root", "leaf"}
+    assert [j.id for j in await app.list_jobs(top_level=True)] == ["root"]
+    assert [j.id for j in await app.children("root")] == ["leaf"]
+    assert [j.id for j in await app.tree("root")] == ["root", "leaf"]

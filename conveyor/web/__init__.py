@@ -18,6 +18,7 @@ Every route but ``/health/*`` needs a bearer token (``conveyor tokens create``);
 belong to a tenant and have a role (``read``, ``write``, ``admin``). See docs/api.md.
 """
 
-from conveyor.web._api import ApiOptions, create_api
+from conveyor.web._app import ApiOptions, create_api
+from conveyor.web._responses import accepted
 
-__all__ = ["ApiOptions", "create_api"]
+__all__ = ["ApiOptions", "accepted", "create_api"]

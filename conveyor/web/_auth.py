@@ -1,16 +1,21 @@
-"""Bearer-token authentication and role checks, as FastAPI dependencies."""
+"""Bearer-token authentication and role checks, as FastAPI dependencies.
+
+Each dependency authenticates the request's token against the application in
+``request.app.state.conveyor`` and yields the :class:`~conveyor._scoped.TenantView` of
+its principal: the routes act only through it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Security
+from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from conveyor._scoped import TenantView
 from conveyor.client import Conveyor
 from conveyor.core.auth import Principal, Role
-from conveyor.errors import JobNotFound
 from conveyor.web._problems import ProblemError
 
 bearer = HTTPBearer(
@@ -29,44 +34,55 @@ _INVALID = {"WWW-Authenticate": 'Bearer realm="conveyor", error="invalid_token"'
 ROLE_KEY = "x-conveyor-role"
 
 
-def requires(app: Conveyor, role: Role) -> Callable[..., Awaitable[Principal]]:
-    """Return a dependency that authenticates the request and checks its role."""
+def conveyor_of(request: Request) -> Conveyor:
+    """The application this API serves."""
+    app: Conveyor = request.app.state.conveyor
+    return app
 
-    async def principal(
+
+async def authenticate(
+    app: Conveyor, credentials: HTTPAuthorizationCredentials | None, role: Role
+) -> Principal:
+    """Return the principal of the request's token; 401 without a valid one, 403 if its
+    role is below ``role``."""
+    if credentials is None:
+        raise ProblemError(
+            401,
+            "this endpoint needs an API token: send `Authorization: Bearer <token>` "
+            "(create one with `conveyor tokens create`)",
+            headers=_CHALLENGE,
+        )
+    found = await app.authenticate(credentials.credentials)
+    if found is None:
+        raise ProblemError(
+            401,
+            "the API token is not valid: it is malformed, unknown or revoked; "
+            "create a new one with `conveyor tokens create`",
+            headers=_INVALID,
+        )
+    if not found.role.allows(role):
+        raise ProblemError(
+            403,
+            f"this needs a token with role {role.value!r} or above; token "
+            f"{found.token_id} has role {found.role.value!r}",
+        )
+    return found
+
+
+def requires(role: Role) -> Callable[..., Awaitable[TenantView]]:
+    """Return a dependency that authenticates the request, checks its role and yields the
+    principal's view of the application."""
+
+    async def view(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
-    ) -> Principal:
-        if credentials is None:
-            raise ProblemError(
-                401,
-                "this endpoint needs an API token: send `Authorization: Bearer <token>` "
-                "(create one with `conveyor tokens create`)",
-                headers=_CHALLENGE,
-            )
-        found = await app.authenticate(credentials.credentials)
-        if found is None:
-            raise ProblemError(
-                401,
-                "the API token is not valid: it is malformed, unknown or revoked; "
-                "create a new one with `conveyor tokens create`",
-                headers=_INVALID,
-            )
-        if not found.role.allows(role):
-            raise ProblemError(
-                403,
-                f"this needs a token with role {role.value!r} or above; token "
-                f"{found.token_id} has role {found.role.value!r}",
-            )
-        return found
+    ) -> TenantView:
+        app = conveyor_of(request)
+        return TenantView(app, await authenticate(app, credentials, role))
 
-    return principal
+    return view
 
 
-def can_see(principal: Principal, tenant: str | None) -> bool:
-    """Whether ``principal`` may see a job of ``tenant``: its own tenant's, or any if admin."""
-    return principal.is_admin or tenant == principal.tenant
-
-
-def check_visible(principal: Principal, job_id: str, tenant: str | None) -> None:
-    """Raise JobNotFound for another tenant's job: its existence is not revealed."""
-    if not can_see(principal, tenant):
-        raise JobNotFound(job_id)
+Reader = Annotated[TenantView, Depends(requires(Role.READ))]
+Writer = Annotated[TenantView, Depends(requires(Role.WRITE))]
+Admin = Annotated[TenantView, Depends(requires(Role.ADMIN))]

@@ -8,22 +8,22 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.core.lifecycle import Status
+from conveyor.core.model import as_utc
 
-_NUL_FREE = r"^[^\x00]*$"
+# The one pattern for strings the API accepts: any text without NUL, which databases refuse.
+NUL_FREE = r"^[^\x00]*$"
 
 
 def utc(value: datetime | None) -> datetime | None:
-    """Return a datetime in UTC (naive ones are taken as UTC).
+    """Return a datetime in UTC, as :func:`~conveyor.core.model.as_utc` does.
 
     A time that falls outside what datetime holds once converted (year 1 at +05:00) is
     clamped to the first or last representable instant.
     """
     if value is None:
         return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
     try:
-        return value.astimezone(UTC)
+        return as_utc(value)
     except OverflowError:
         edge = datetime.min if value.year < 5000 else datetime.max
         return edge.replace(tzinfo=UTC)
@@ -35,7 +35,7 @@ class JobSubmission(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: str = Field(
-        min_length=1, max_length=200, pattern=_NUL_FREE, description="A registered job type."
+        min_length=1, max_length=200, pattern=NUL_FREE, description="A registered job type."
     )
     payload: dict[str, Any] = Field(
         default_factory=dict, description="The handler's keyword arguments."
@@ -44,10 +44,10 @@ class JobSubmission(BaseModel):
         None,
         min_length=1,
         max_length=200,
-        pattern=_NUL_FREE,
+        pattern=NUL_FREE,
         description="A client id: submitting the same id again returns the existing job.",
     )
-    queue: str | None = Field(None, min_length=1, max_length=100, pattern=_NUL_FREE)
+    queue: str | None = Field(None, min_length=1, max_length=100, pattern=NUL_FREE)
     priority: int | None = Field(None, ge=-1_000_000, le=1_000_000, description="Lower runs first.")
     run_at: datetime | None = Field(None, description="Not before this time.")
     delay: float | None = Field(
@@ -57,9 +57,9 @@ class JobSubmission(BaseModel):
     timeout: float | None = Field(
         None, gt=0, le=365 * 86400, allow_inf_nan=False, description="Seconds per attempt."
     )
-    unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=_NUL_FREE)
-    depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=_NUL_FREE)]] = (
-        Field(default_factory=list, max_length=1000, description="Ids of jobs to wait for.")
+    unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=NUL_FREE)
+    depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NUL_FREE)]] = Field(
+        default_factory=list, max_length=1000, description="Ids of jobs to wait for."
     )
     tenant: str | None = Field(
         None,

@@ -37,10 +37,6 @@ class JobWaiters:
             weakref.WeakKeyDictionary()
         )
 
-    def waiting(self) -> int:
-        """How many requests are waiting now, on every loop."""
-        return sum(len(f) for w in self._loops.values() for f in w.waiting.values())
-
     async def wait(self, job_id: str, timeout: float) -> Job | None:
         """Return the job once it is terminal, or its latest state seen after ``timeout``.
 

@@ -1,5 +1,5 @@
 """A client of a conveyor server's REST API, for the CLI's ``--url``: the same commands,
-run against a remote server instead of the database.
+run against a remote server instead of the database. It needs httpx only, not FastAPI.
 
 Errors come back as conveyor's own exceptions (a 404 is :class:`JobNotFound`, an
 unreachable server :class:`DatabaseUnavailable`), with the server's problem ``detail``.
@@ -7,14 +7,14 @@ unreachable server :class:`DatabaseUnavailable`), with the server's problem ``de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from conveyor.client import JobView
+from conveyor._handles import JobView
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, Outcome, Progress
 from conveyor.errors import (
@@ -158,13 +158,17 @@ class RemoteClient:
     async def list_jobs(
         self,
         *,
-        status: tuple[str, ...] = (),
+        status: Sequence[str] = (),
         type: str | None = None,
         queue: str | None = None,
+        top_level: bool = False,
         limit: int = 50,
     ) -> list[RemoteJob]:
+        """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: the first page of
+        ``GET /jobs``, children included unless ``top_level``."""
         params: list[tuple[str, str]] = [("status", s) for s in status]
         params += [(k, v) for k, v in (("type", type), ("queue", queue)) if v is not None]
+        params.append(("include_children", "false" if top_level else "true"))
         params.append(("limit", str(limit)))
         response = await self._call("GET", "/jobs", params=params)
         return [self._job(j) for j in response.json()["jobs"]]

@@ -1,0 +1,226 @@
+"""The values application code holds: submissions, job handles, registered handlers, pages.
+
+A leaf module: it imports only the core, the errors and the blocking adapter, so that the
+worker, the job context and process isolation can hand out handles without importing the
+:class:`~conveyor.Conveyor` facade. A handle reaches back to whatever made it through the
+small :class:`JobSource` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
+
+from conveyor import _blocking
+from conveyor.core.durations import Duration
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import JSON, Attempt, Job, Progress, as_utc
+from conveyor.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from starlette.responses import JSONResponse
+
+    from conveyor._registry import JobType
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One job to submit with :meth:`Conveyor.submit_many`."""
+
+    type: str
+    payload: Mapping[str, JSON]
+    id: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: Duration | None = None
+    max_attempts: int | None = None
+    timeout: Duration | None = None
+    unique_key: str | None = None
+    tenant: str | None = None
+    depends_on: tuple[str, ...] = ()
+    concurrency_key: str | None = None
+
+
+class JobView:
+    """The fields of a job as last read, shared by local and remote job handles."""
+
+    def __init__(self, record: Job) -> None:
+        self.record = record
+
+    def __repr__(self) -> str:
+        return f"<Job {self.record.id} {self.record.type} {self.record.status.value}>"
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def type(self) -> str:
+        return self.record.type
+
+    @property
+    def status(self) -> Status:
+        return self.record.status
+
+    @property
+    def result(self) -> JSON:
+        return self.record.result
+
+    @property
+    def error(self) -> str | None:
+        return self.record.error
+
+    @property
+    def attempt(self) -> int:
+        return self.record.attempt
+
+    @property
+    def progress(self) -> Progress | None:
+        return self.record.progress
+
+    @property
+    def state(self) -> JSON:
+        return self.record.state
+
+    @property
+    def terminal(self) -> bool:
+        return self.record.terminal
+
+
+class JobSource(Protocol):
+    """What a :class:`JobHandle` reads and steers its job through (the facade)."""
+
+    async def get(self, job_id: str) -> JobHandle: ...
+
+    async def attempts(self, job_id: str) -> list[Attempt]: ...
+
+    async def cancel(self, job_id: str, *, reason: str = ...) -> JobHandle: ...
+
+
+class JobHandle(JobView):
+    """A job as last read from the store, with the means to refresh it and wait for it."""
+
+    def __init__(self, app: JobSource, record: Job) -> None:
+        super().__init__(record)
+        self._app = app
+
+    async def refresh(self) -> JobHandle:
+        """Read the job again; return self."""
+        self.record = (await self._app.get(self.id)).record
+        return self
+
+    async def wait(self, timeout: float | None = None, *, poll: float = 0.5) -> JobHandle:
+        """Wait until the job is terminal; raise TimeoutError after ``timeout`` seconds."""
+        interval = 0.01
+        async with asyncio.timeout(timeout):
+            while not (await self.refresh()).terminal:
+                await asyncio.sleep(interval)
+                interval = min(poll, interval * 2)
+        return self
+
+    async def attempts(self) -> list[Attempt]:
+        return await self._app.attempts(self.id)
+
+    async def cancel(self, reason: str = "cancelled by request") -> JobHandle:
+        return await self._app.cancel(self.id, reason=reason)
+
+    @property
+    def sync(self) -> Any:
+        """Blocking versions of this handle's coroutine methods."""
+        return _blocking.Blocking(self)
+
+    def accepted(
+        self, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+    ) -> JSONResponse:
+        """Return a ``202 Accepted`` response whose ``Location`` is this job's resource.
+
+        For an application's own Starlette or FastAPI endpoints: ``return job.accepted()``
+        answers as ``POST /jobs`` does, with the job resource as body. ``prefix`` is where
+        the conveyor API serves jobs (``"/api/jobs"`` when it is mounted at ``/api``).
+        """
+        # Imported here: the web layer (and Starlette) load only for applications that answer
+        # HTTP themselves.
+        from conveyor.web import accepted
+
+        return accepted(self.record, prefix=prefix, headers=headers)
+
+
+class Submitter(Protocol):
+    """What a :class:`JobDefinition` submits its jobs through (the facade)."""
+
+    async def submit(self, type: str, payload: Mapping[str, JSON] | None = None) -> JobHandle: ...
+
+
+class JobDefinition(Generic[P, R]):
+    """A registered handler: call it like the function, or submit jobs of its type."""
+
+    def __init__(self, app: Submitter, job_type: JobType) -> None:
+        self._app = app
+        self.job_type = job_type
+        self.name = job_type.name
+        self.__wrapped__ = job_type.fn
+        self.__doc__ = job_type.fn.__doc__
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.job_type.fn(*args, **kwargs)
+        return result
+
+    async def submit(self, **payload: Any) -> JobHandle:
+        """Submit a job of this type with the handler's keyword arguments as payload."""
+        return await self._app.submit(self.name, payload)
+
+    def submit_sync(self, **payload: Any) -> JobHandle:
+        """Blocking :meth:`submit`, for code that is not async."""
+        return _blocking.run(self.submit(**payload))
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of jobs and the cursor of the next page (None on the last page)."""
+
+    jobs: list[JobHandle]
+    next: str | None
+
+
+def encode_cursor(job: Job) -> str:
+    """The opaque cursor of the page that follows ``job``: its ``(created_at, id)``."""
+    raw = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Return the ``(created_at, id)`` a cursor stands for; raise ConfigurationError."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, job_id = json.loads(raw)
+        if not isinstance(job_id, str) or not isinstance(created, str):
+            raise ValueError(cursor)
+        return as_utc(datetime.fromisoformat(created)), job_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ConfigurationError(
+            "cursor is not one this server handed out: use the `next` of the previous page, "
+            "or leave it out for the first page"
+        ) from None
+
+
+__all__ = [
+    "JobDefinition",
+    "JobHandle",
+    "JobPage",
+    "JobSource",
+    "JobView",
+    "Submission",
+    "Submitter",
+    "decode_cursor",
+    "encode_cursor",
+]

@@ -1,0 +1,130 @@
+"""API tokens: created with a secret shown once, authenticated in constant time, revoked.
+
+:class:`Tokens` is the facade's token service (``app.create_token``, ``app.authenticate``,
+...). It also runs a job type's ``authorize=`` check, the other half of deciding what a
+principal may do.
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from conveyor._registry import Registry
+from conveyor.core.auth import (
+    Principal,
+    Role,
+    Token,
+    check_tenant,
+    format_token,
+    hash_secret,
+    secret_matches,
+    split_token,
+)
+from conveyor.core.model import JSON
+from conveyor.errors import ConfigurationError, Forbidden, TokenNotFound
+from conveyor.store import Store
+
+# last_used_at of a token is written at most this often (seconds), not on every request.
+TOUCH_EVERY = 60.0
+# Compared against when a token id is unknown, so that both paths hash and compare.
+_NO_SECRET = "0" * 64
+
+
+class Tokens:
+    """Create, authenticate, list and revoke API tokens of one application's store."""
+
+    def __init__(self, store: Callable[[], Awaitable[Store]], registry: Registry) -> None:
+        self._store = store
+        self._registry = registry
+        self._touched: dict[str, float] = {}  # token id -> monotonic time written
+
+    async def create(
+        self, *, tenant: str, role: Role | str, name: str | None = None
+    ) -> tuple[Token, str]:
+        """Create an API token; return it and its secret, which is not kept: show it once."""
+        try:
+            check_tenant(tenant)
+            role = Role(role)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{exc}" if "tenant" in str(exc) else "a role is read, write or admin"
+            ) from None
+        if name is not None and (len(name) > 200 or "\x00" in name):
+            raise ConfigurationError("a token name must be at most 200 characters, without NUL")
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        store = await self._store()
+        token = Token(
+            id=token_id,
+            tenant=tenant,
+            role=role,
+            secret_hash=hash_secret(secret),
+            name=name,
+            created_at=await store.now(),
+        )
+        await store.create_token(token)
+        return token, format_token(token_id, secret)
+
+    async def authenticate(self, presented: str) -> Principal | None:
+        """Return the principal of a presented API token, or None if it is not valid.
+
+        Unknown, malformed and revoked tokens are all None. The secret's digest is compared
+        in constant time; ``last_used_at`` is written at most once a minute per token.
+        """
+        parts = split_token(presented)
+        if parts is None:
+            return None
+        token_id, secret = parts
+        store = await self._store()
+        token = await store.find_token(token_id)
+        matches = secret_matches(secret, token.secret_hash if token else _NO_SECRET)
+        if token is None or not matches or not token.active:
+            return None
+        now = time.monotonic()
+        if now - self._touched.get(token_id, -TOUCH_EVERY) >= TOUCH_EVERY:
+            self._touched[token_id] = now
+            await store.touch_token(token_id)
+        return token.principal()
+
+    async def list(self) -> list[Token]:
+        """Return every API token (revoked ones too), newest first."""
+        return await (await self._store()).list_tokens()
+
+    async def revoke(self, token_id: str) -> Token:
+        """Revoke an API token: requests bearing it are refused from now on."""
+        token = await (await self._store()).revoke_token(token_id)
+        if token is None:
+            raise TokenNotFound(token_id)
+        self._touched.pop(token_id, None)
+        return token
+
+    async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
+        """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden.
+
+        Types without a check, and types this application does not know (submitting them
+        fails anyway), pass.
+        """
+        job_type = self._registry.find(type)
+        check = job_type.options.authorize if job_type is not None else None
+        if job_type is None or check is None:
+            return
+        data = job_type.validate(payload)
+        try:
+            allowed = check(principal, data)
+            if inspect.isawaitable(allowed):
+                allowed = await allowed
+        except Forbidden:
+            raise
+        except Exception as exc:
+            raise Forbidden(
+                f"the authorisation check of {type!r} refused this payload for tenant "
+                f"{principal.tenant!r}: {exc}"
+            ) from None
+        if not allowed:
+            raise Forbidden(
+                f"tenant {principal.tenant!r} may not submit {type!r} jobs with this payload "
+                "(refused by the job type's authorisation check)"
+            )

@@ -1,0 +1,160 @@
+"""The API's answers: jobs, pages, attempts, workers and queues as JSON documents."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from conveyor._handles import JobPage
+from conveyor._resource import iso, job_resource, job_url
+from conveyor.client import Health
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import Attempt, Job
+from conveyor.store import QueueInfo, WorkerInfo
+
+
+def accepted(
+    job: Job, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """A ``202 Accepted`` answer with the job's resource, ``Location`` its URL.
+
+    What :meth:`conveyor.JobHandle.accepted` returns, for an application's own endpoints.
+    """
+    return JSONResponse(
+        job_resource(job, prefix),
+        status_code=202,
+        headers={"Location": job_url(prefix, job.id), **(headers or {})},
+    )
+
+
+def jobs_prefix(request: Request) -> str:
+    """Where this API serves ``/jobs``, with the prefix it is mounted at."""
+    return f"{request.scope.get('root_path', '')}/jobs"
+
+
+def submitted(request: Request, results: list[tuple[Job, bool]], *, listed: bool) -> Response:
+    """202 if any job is new, else 200 (every job existed); one job has a ``Location``."""
+    prefix = jobs_prefix(request)
+    bodies = [job_resource(job, prefix) for job, _ in results]
+    status = 202 if any(created for _, created in results) else 200
+    if listed:
+        return JSONResponse(bodies, status_code=status)
+    location = {"Location": job_url(prefix, results[0][0].id)}
+    return JSONResponse(bodies[0], status_code=status, headers=location)
+
+
+def job_answer(request: Request, job: Job, *, status_code: int = 200) -> Response:
+    """A job's resource, as cancel answers it (200 cancelled, 202 asked to stop)."""
+    return JSONResponse(job_resource(job, jobs_prefix(request)), status_code=status_code)
+
+
+def _retry_after(job: Job) -> int:
+    """Seconds a poller should wait: until run_at for a job due later, else one."""
+    if job.status is Status.QUEUED:
+        # Display only, like the CLI's status text: the poller's hint, not a lease decision.
+        ahead = (job.run_at - datetime.now(UTC)).total_seconds()
+        return max(1, min(60, math.ceil(ahead)))
+    return 1
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if not header:
+        return False
+    tags = [t.strip() for t in header.split(",")]
+    return any(t == "*" or t.removeprefix("W/") == etag for t in tags)
+
+
+def polled_job(request: Request, job: Job) -> Response:
+    """A job for a poller: with ``ETag`` (304 while unchanged) and ``Retry-After``."""
+    body = json.dumps(job_resource(job, jobs_prefix(request)), separators=(",", ":")).encode()
+    etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if not job.terminal:
+        headers["Retry-After"] = str(_retry_after(job))
+    if _etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def page(request: Request, found: JobPage) -> Response:
+    """A page of jobs; the next page's URL in ``next`` and a ``Link`` header."""
+    prefix = jobs_prefix(request)
+    following = None
+    headers = {}
+    if found.next is not None:
+        query = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
+        following = f"{request.url.path}?{urlencode([*query, ('cursor', found.next)])}"
+        headers["Link"] = f'<{following}>; rel="next"'
+    return JSONResponse(
+        {"jobs": [job_resource(h.record, prefix) for h in found.jobs], "next": following},
+        headers=headers,
+    )
+
+
+def attempt(a: Attempt) -> dict[str, Any]:
+    return {
+        "job_id": a.job_id,
+        "number": a.number,
+        "worker_id": a.worker_id,
+        "started_at": iso(a.started_at),
+        "finished_at": iso(a.finished_at),
+        "outcome": a.outcome.value,
+        "error": a.error,
+        "traceback": a.traceback,
+    }
+
+
+def worker(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "hostname": w.hostname,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started_at": iso(w.started_at),
+        "heartbeat_at": iso(w.heartbeat_at),
+        "stopped_at": iso(w.stopped_at),
+        "state": "stopped" if w.stopped_at else "running",
+    }
+
+
+def queue(q: QueueInfo) -> dict[str, Any]:
+    return {"name": q.name, "paused": q.paused, "counts": dict(q.counts)}
+
+
+def queue_named(queues: list[QueueInfo], name: str) -> dict[str, Any]:
+    """The queue called ``name`` (an empty one if no job ever used it)."""
+    for q in queues:
+        if q.name == name:
+            return queue(q)
+    return {"name": name, "paused": False, "counts": {}}
+
+
+def health(h: Health) -> dict[str, Any]:
+    """The cluster's health with its counts, as ``/health/ready`` answers it."""
+    c = h.counts
+    return {
+        "status": h.status,
+        "queued": c.queued,
+        "due": c.due,
+        "running": c.running,
+        "stale_running": c.stale_running,
+        "workers": c.workers,
+        "live_workers": c.live_workers,
+        "last_heartbeat": iso(c.last_heartbeat),
+        "heartbeat_age": h.heartbeat_age,
+        "error": None,
+    }
+
+
+def health_status(h: Health) -> int:
+    """503 for an unhealthy cluster, so that load balancers and probes need no parsing."""
+    return 503 if h.status == "unhealthy" else 200

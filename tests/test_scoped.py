@@ -1,0 +1,125 @@
+"""A tenant's view of the application: isolation, idempotency and conflict rules, without HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor import Conveyor, IdempotencyConflict, InvalidState, JobContext, JobNotFound, Status
+from conveyor._handles import Submission
+from conveyor._scoped import TenantView
+from conveyor.core.auth import Principal, Role
+from conveyor.core.model import NewJob
+from conveyor.errors import Forbidden, InvalidDependency
+
+
+def view(app: Conveyor, tenant: str, role: Role = Role.WRITE) -> TenantView:
+    return TenantView(app, Principal(token_id=f"tok-{tenant}", tenant=tenant, role=role))
+
+
+@pytest.fixture
+def typed(app: Conveyor) -> Conveyor:
+    @app.job()
+    async def add(ctx: JobContext, a: int, b: int) -> int:
+        return a + b
+
+    return app
+
+
+def add(a: int = 1, b: int = 2, **fields: Any) -> Submission:
+    return Submission(type="add", payload={"a": a, "b": b}, **fields)
+
+
+async def test_another_tenants_job_does_not_exist(typed: Conveyor) -> None:
+    [(job, created)] = await view(typed, "acme").submit([add()])
+    assert created and job.record.tenant == "acme"
+    other = view(typed, "globex")
+    for attempt in (
+        other.get(job.id),
+        other.attempts(job.id),
+        other.children(job.id),
+        other.cancel(job.id),
+        other.retry(job.id),
+    ):
+        with pytest.raises(JobNotFound):
+            await attempt
+    assert (await view(typed, "root", Role.ADMIN).get(job.id)).id == job.id
+
+
+async def test_a_principal_submits_for_its_own_tenant_and_an_admin_for_any(typed: Conveyor) -> None:
+    with pytest.raises(Forbidden, match="submits for tenant 'acme' only"):
+        await view(typed, "acme").submit([add(tenant="globex")])
+    [(job, _)] = await view(typed, "root", Role.ADMIN).submit([add(tenant="globex")])
+    assert job.record.tenant == "globex"
+
+
+async def test_an_idempotency_key_names_one_job_per_tenant(typed: Conveyor) -> None:
+    acme = view(typed, "acme")
+    [(first, created)] = await acme.submit([add()], idempotency_key="k")
+    [(again, created_again)] = await acme.submit([add()], idempotency_key="k")
+    assert created and not created_again and again.id == first.id
+    [(theirs, _)] = await view(typed, "globex").submit([add()], idempotency_key="k")
+    assert theirs.id != first.id
+    with pytest.raises(IdempotencyConflict, match="another type or payload"):
+        await acme.submit([add(a=5)], idempotency_key="k")
+    listed = await acme.submit([add(), add(a=3)], idempotency_key="k", listed=True)
+    assert len({h.id for h, _ in listed} | {first.id}) == 3
+
+
+async def test_a_conflict_refuses_the_whole_list_before_anything_is_stored(
+    typed: Conveyor,
+) -> None:
+    await view(typed, "globex").submit([add(id="taken")])
+    acme = view(typed, "acme")
+    with pytest.raises(IdempotencyConflict, match="another tenant's job"):
+        await acme.submit([add(id="fresh"), add(id="taken")])
+    with pytest.raises(JobNotFound):
+        await acme.get("fresh")
+
+
+async def test_a_unique_key_held_by_another_tenant_is_a_conflict(typed: Conveyor) -> None:
+    await view(typed, "globex").submit([add(unique_key="nightly")])
+    with pytest.raises(IdempotencyConflict, match="unique_key"):
+        await view(typed, "acme").submit([add(unique_key="nightly")])
+
+
+async def test_a_job_may_wait_only_for_jobs_its_tenant_can_see(typed: Conveyor) -> None:
+    [(theirs, _)] = await view(typed, "globex").submit([add()])
+    acme = view(typed, "acme")
+    with pytest.raises(InvalidDependency, match="do not exist"):
+        await acme.submit([add(depends_on=(theirs.id,))])
+    [(mine, _)] = await acme.submit([add()])
+    [(after, _)] = await acme.submit([add(depends_on=(mine.id,))])
+    assert after.record.depends_on == (mine.id,)
+
+
+async def test_pages_hold_the_tenants_top_level_jobs_unless_asked(typed: Conveyor) -> None:
+    [(parent, _)] = await view(typed, "acme").submit([add(id="parent")])
+    child = NewJob(
+        id="child", type="add", payload={}, tenant="acme", parent_id="parent", root_id="parent"
+    )
+    await (await typed.store()).submit([child])
+    await view(typed, "globex").submit([add(id="elsewhere")])
+    acme = view(typed, "acme")
+    assert [h.id for h in (await acme.page()).jobs] == ["parent"]
+    assert {h.id for h in (await acme.page(include_children=True)).jobs} == {"parent", "child"}
+    assert [h.id for h in (await acme.children(parent.id)).jobs] == ["child"]
+    with pytest.raises(Forbidden, match="sees only tenant 'acme'"):
+        await acme.page(tenant="globex")
+    admin = view(typed, "root", Role.ADMIN)
+    assert {h.id for h in (await admin.page()).jobs} == {"parent", "elsewhere"}
+    assert [h.id for h in (await admin.page(tenant="globex")).jobs] == ["elsewhere"]
+
+
+async def test_only_unfinished_jobs_cancel_and_only_ended_ones_retry(typed: Conveyor) -> None:
+    acme = view(typed, "acme")
+    [(job, _)] = await acme.submit([add()])
+    with pytest.raises(InvalidState, match="only failed or cancelled jobs"):
+        await acme.retry(job.id)
+    cancelled = await acme.cancel(job.id)
+    assert cancelled.status is Status.CANCELLED and "tok-acme" in (cancelled.error or "")
+    with pytest.raises(InvalidState, match="already cancelled"):
+        await acme.cancel(job.id)
+    again = await acme.retry(job.id)
+    assert again.retry_of == job.id and again.tenant == "acme"
