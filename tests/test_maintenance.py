@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from conveyor.core.cron import Cron, Schedule, tick_id
-from conveyor.maintenance import CronFirer
-from conveyor.store import Store
-from tests.helpers import FakeClock
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import Outcome, Settlement
+from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer
+from conveyor.store import Lease, Retention, Store
+from tests.helpers import FakeClock, new
 
 
 @pytest.fixture
@@ -48,3 +50,47 @@ async def test_the_cron_firer_counts_a_tick_late_by_less_than_twice_its_interval
     ]
     clock.advance(10)  # ten ticks with no worker: the eight older than the grace are skipped
     assert len(await CronFirer(store, interval=1.0).run_once()) == 2
+
+
+async def test_the_rescuer_settles_expired_leases_in_batches(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.submit([new(f"j{i}") for i in range(5)])
+    await store.claim(worker_id="gone", queues=["default"], limit=5, lease=30)
+    assert await Rescuer(store, batch=2).run_once() == []  # every lease still valid
+    clock.advance(31)
+    rescued = await Rescuer(store, batch=2).run_once()  # three batches: 2, 2 and 1
+    assert sorted(r.job_id for r in rescued) == [f"j{i}" for i in range(5)]
+    assert {r.worker_id for r in rescued} == {"gone"}
+    assert {r.status for r in rescued} == {Status.QUEUED}
+
+
+async def test_the_pruner_deletes_in_small_batches_up_to_its_limit_per_run(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.submit([new(f"j{i}") for i in range(7)])
+    for job in await store.claim(worker_id="w", queues=["default"], limit=7, lease=30):
+        done = Settlement(job.id, job.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        await store.settle([done])
+    clock.advance(100)
+    pruner = Pruner(store, Retention(succeeded=50), batch=2, max_batches=3)
+    assert await pruner.run_once() == 6  # three batches of two, then the run ends
+    assert await pruner.run_once() == 1
+    assert await pruner.run_once() == 0
+
+
+async def test_the_parent_finisher_finds_nothing_when_settling_ended_every_parent(
+    store: Store,
+) -> None:
+    await store.submit([new("parent")])
+    (parent,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+    await store.spawn(Lease("parent", parent.lease_token), [new("child")])
+    done = Settlement("parent", parent.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+    await store.settle([done])
+    (child,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+    await store.settle(
+        [Settlement("child", child.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)]
+    )
+    assert await ParentFinisher(store).run_once() == []
+    finished = await store.get("parent")
+    assert finished is not None and finished.status is Status.SUCCEEDED
