@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +51,13 @@ async def run_in_child(
     port: JobPort,
     *,
     cancel_grace: float,
+    on_started: Callable[[], None] | None = None,
 ) -> JSON:
     """Run the handler of ``job`` in a child process; raise what it raised.
+
+    ``on_started`` is called when the child has imported the handler and is about to
+    call it: the worker starts the job's time limit then, so that a slow start of the
+    interpreter on a busy machine is not charged to the handler.
 
     Cancelling the calling task sends a cancel request to the child, waits up to
     ``cancel_grace`` seconds for it to stop, then terminates it (SIGTERM) and, after a
@@ -91,7 +96,10 @@ async def run_in_child(
                     outcome.set_result(("died", None))
                 return
             kind = message[0]
-            if kind == "progress":
+            if kind == "started":
+                if on_started is not None:
+                    on_started()
+            elif kind == "progress":
                 port.report_progress(message[1])
             elif kind == "checkpoint":
                 task = loop.create_task(checkpoint(message[1], message[2]))
@@ -240,6 +248,7 @@ def _child_main(module: str, qualname: str, job: Job, conn: Connection) -> None:
                     port.replies.put((message[1], message[2]))
 
         threading.Thread(target=listen, daemon=True).start()
+        port.send(("started",))
         if job_type.is_async:
 
             async def main() -> Any:

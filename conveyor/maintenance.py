@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from conveyor.core.cron import check_grace, next_check
+from conveyor.core.retry import pause_after_failures
 from conveyor.store import Rescued, Retention, Store
 
 log = logging.getLogger("conveyor.maintenance")
@@ -130,8 +131,11 @@ async def every(interval: float, duty: Duty, stop: asyncio.Event) -> None:
             failures += 1
             if failures == 1:
                 log.warning("%s failed, will retry: %s", type(duty).__name__, exc)
+        pause = interval
+        if failures > 1:  # a one-off failure retries on time; an outage backs off
+            pause = max(interval, pause_after_failures(failures - 1, jitter=random.random()))
         try:
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(stop.wait(), pause)
         except TimeoutError:
             pass
 
@@ -154,6 +158,8 @@ async def on_the_clock(firer: CronFirer, stop: asyncio.Event) -> None:
             failures += 1
             if failures == 1:
                 log.warning("firing schedules failed, will retry: %s", exc)
+        if failures > 1:  # as every(): a one-off failure retries on time; an outage backs off
+            delay = max(delay, pause_after_failures(failures - 1, jitter=random.random()))
         try:
             await asyncio.wait_for(stop.wait(), delay)
         except TimeoutError:

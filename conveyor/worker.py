@@ -8,14 +8,21 @@ writes at once.
 
 Leases are renewed by a heartbeat thread with its own database connection, all of the
 worker's leases in one statement, every lease/3. A handler that holds the event loop
-(CPU-bound code in an async handler) therefore cannot make the worker lose its leases.
-When a lease is lost (another worker rescued the job, or the heartbeat could not reach
-the database before the lease ran out), the local run is cancelled and its result is
-dropped: only the holder of the current fencing token can complete a job.
+(CPU-bound code in an async handler) therefore cannot make the worker lose its leases,
+and the renewal never waits for a row another transaction has locked (the worker's own
+settle, held open while its loop is blocked, among them). A lease counts from the moment
+its claim or renewal was sent, so the worker stops a run before the database could let
+another worker take it. When a lease is lost (another worker rescued the job, or the
+heartbeat could not reach the database before the lease ran out), the local run is
+cancelled and its result is dropped: only the holder of the current fencing token can
+complete a job. A worker never runs two attempts of one job: when it claims a job it
+already runs (the job was rescued from it), the older run is dropped as lost.
 
 On SIGTERM or SIGINT the worker stops claiming, gives running handlers ``grace``
 seconds, then cancels them and hands their jobs back as ``queued`` without spending an
-attempt. A handler that ignores cancellation for ``cancel_grace`` seconds is abandoned.
+attempt. A handler that ignores cancellation for ``cancel_grace`` seconds is abandoned;
+a sync handler abandoned so keeps its thread, but not a slot: the next sync job gets a
+thread of its own.
 """
 
 from __future__ import annotations
@@ -25,24 +32,25 @@ import dataclasses
 import json
 import logging
 import os
+import queue
 import random
 import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import TYPE_CHECKING, Any
 
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
+from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
-from conveyor.store import Lease, Limits, Retention, Store, WorkerInfo
+from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
     from conveyor._handles import JobHandle, Submission
@@ -50,6 +58,11 @@ if TYPE_CHECKING:
     from conveyor._registry import JobType
 
 log = logging.getLogger("conveyor.worker")
+
+# How long a process-isolated handler's child may take to start (interpreter, imports)
+# before the job's own time limit begins; it is added to that limit until the child
+# reports in. Generous, because a loaded machine can take seconds to start Python.
+_CHILD_START_ALLOWANCE = 60.0
 
 # Results that are JSON as they are: no need to serialise them to find out.
 _PLAIN = frozenset({str, int, bool})
@@ -94,14 +107,24 @@ class _Interrupt(Enum):
     LOST = "lost"  # the lease is gone: drop everything
 
 
+class _Phase(IntEnum):
+    """How far the worker's shutdown has gone; it only ever moves forward."""
+
+    RUNNING = 0  # claiming
+    STOPPING = 1  # no new claims; running handlers finish, or are handed back after grace
+    DRAINED = 2  # no handler runs: the settle loop ends once the results are recorded
+    GAVE_UP = 3  # results the database would not take were dropped: the settle loop ends
+
+
 @dataclass(eq=False, slots=True)
 class _Run:
     job: Job
     lease: float
+    # When the claim that leased the job was sent: the lease counts from no earlier.
+    renewed_at: float
     ctx: JobContext | None = None
     task: asyncio.Task[None] | None = None
     is_async: bool = True
-    renewed_at: float = field(default_factory=time.monotonic)
     interrupt: _Interrupt | None = None
     reason: str = ""
     done: bool = False  # the slot was released (finished or abandoned)
@@ -112,6 +135,135 @@ class _Run:
         return Lease(self.job.id, self.job.lease_token)
 
 
+class _Leases:
+    """The leases a worker holds, their buffered progress, and the lock over both.
+
+    A lease is held from its claim until its result is settled (or it is found lost), so
+    it is renewed while the run is running and while the result waits to be recorded.
+    The event loop, handler threads (reporting progress) and the heartbeat thread share
+    this object; nothing else touches the runs or the progress.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._progress: dict[Lease, Progress] = {}
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def hold(self, run: _Run) -> _Run | None:
+        """Hold ``run``'s lease; return the run of the same job held until now, if any."""
+        with self._lock:
+            previous = self._runs.get(run.job.id)
+            self._runs[run.job.id] = run
+            return previous
+
+    def release(self, runs: Iterable[_Run]) -> None:
+        """Forget these runs (not a newer run of the same job) and their progress."""
+        with self._lock:
+            held, progress = self._runs, self._progress
+            for run in runs:
+                if held.get(run.job.id) is run:
+                    del held[run.job.id]
+                if progress:
+                    progress.pop(run.key, None)
+
+    def snapshot(self) -> list[_Run]:
+        """The runs held now, running or awaiting their settle."""
+        with self._lock:
+            return list(self._runs.values())
+
+    def find(self, job_ids: Iterable[str]) -> list[_Run]:
+        """The runs held now of these jobs."""
+        with self._lock:
+            return [r for r in map(self._runs.get, job_ids) if r is not None]
+
+    def awaiting_settle(self) -> bool:
+        with self._lock:
+            return any(r.done for r in self._runs.values())
+
+    def report_progress(self, key: Lease, progress: Progress) -> None:
+        with self._lock:
+            self._progress[key] = progress
+
+    def has_progress(self) -> bool:
+        return bool(self._progress)
+
+    def pop_progress(self, key: Lease) -> Progress | None:
+        """Take one run's buffered progress (it then goes with the run's result)."""
+        if not self._progress:
+            return None
+        with self._lock:
+            return self._progress.pop(key, None)
+
+    def take_progress(self) -> dict[Lease, Progress]:
+        """Take all buffered progress, for the heartbeat to write."""
+        with self._lock:
+            taken, self._progress = self._progress, {}
+            return taken
+
+    def restore_progress(self, progress: Mapping[Lease, Progress]) -> None:
+        """Put back progress a heartbeat could not write; newer reports win."""
+        with self._lock:
+            for key, value in progress.items():
+                run = self._runs.get(key.job_id)
+                if run is not None and run.key == key:
+                    self._progress.setdefault(key, value)
+
+
+class _HandlerThreads:
+    """Threads for sync handlers: an idle one is reused, or else a new one is started.
+
+    A thread is never shared while busy, so a handler abandoned past its cancel grace,
+    whose thread cannot be stopped, delays no other job: the job that takes its slot
+    gets another thread at once. At most ``keep`` idle threads are kept.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._started = 0
+        self._closed = False
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the worker's handler threads are shut down")
+            start = self._idle == 0
+            if start:
+                self._started += 1
+                number = self._started
+            else:
+                self._idle -= 1  # one idle thread is now spoken for
+        self._work.put(work)
+        if start:
+            threading.Thread(
+                target=self._serve, name=f"conveyor-handler-{number}", daemon=True
+            ).start()
+
+    def _serve(self) -> None:
+        while True:
+            work = self._work.get()
+            if work is None:
+                return
+            work()
+            with self._lock:
+                if self._closed or self._idle >= self._keep:
+                    return
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        """Stop the idle threads; busy ones end when their handler returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._work.put(None)
+
+
 class Worker:
     """Claims and runs jobs for one application until stopped (or, in burst mode, idle)."""
 
@@ -120,19 +272,19 @@ class Worker:
         self.options = options
         self.id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         self.queues = options.queues or tuple(app.registry.queues())
-        self._runs: dict[str, _Run] = {}  # leases held: running or awaiting settle
-        self._lock = threading.Lock()
-        self._progress: dict[Lease, Progress] = {}
+        self.leases = _Leases()
         self._active = 0
         self._outbox: list[tuple[_Run, Settlement]] = []
-        self._stopping = False
-        self._gave_up = False  # shutting down with results the database would not take
-        self._drained = False  # run() has finished draining: the settle loop may end
+        self._phase = _Phase.RUNNING
+        # Events bind to the loop of run() when first awaited (Python 3.10 and later).
+        self._wakeup = asyncio.Event()  # claim again: a slot freed, a job is due, a stop
+        self._settle_ready = asyncio.Event()
+        self._idle = asyncio.Event()  # no handler runs
+        self._stop_requested = asyncio.Event()
+        self._maintenance_stop = asyncio.Event()
         self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool = ThreadPoolExecutor(
-            max_workers=options.concurrency, thread_name_prefix="conveyor-handler"
-        )
+        self._threads = _HandlerThreads(keep=options.concurrency)
         self.processed = 0
         self._limited = [
             t
@@ -147,12 +299,7 @@ class Worker:
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or until idle in burst mode), then shut down gracefully."""
-        self._loop = asyncio.get_running_loop()
-        self._wakeup = asyncio.Event()
-        self._settle_ready = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._stop_requested = asyncio.Event()
-        self._maintenance_stop = asyncio.Event()
+        loop = self._loop = asyncio.get_running_loop()
         store = self._store = self.app.new_store()
         await store.open()
         await store.register_worker(
@@ -173,61 +320,81 @@ class Worker:
         )
         if self.app.schedules:
             await store.sync_schedules(list(self.app.schedules.values()))
-        heartbeat = _Heartbeat(self)
+        heartbeat = _Heartbeat(
+            worker_id=self.id,
+            lease=self.options.lease,
+            leases=self.leases,
+            new_store=self.app.new_store,
+            loop=loop,
+            on_lost=self._on_lost,
+            on_cancel_requested=self._on_cancel_requested,
+        )
         heartbeat.start()
-        settler = asyncio.create_task(self._settle_loop(), name="conveyor-settle")
-        listener = asyncio.create_task(self._listen(store), name="conveyor-listen")
-        rescuer = asyncio.create_task(
-            every(self.options.rescue_interval, Rescuer(store), self._maintenance_stop),
-            name="conveyor-rescue",
-        )
-        duties = [
-            asyncio.create_task(every(interval, duty, self._maintenance_stop), name=name)
-            for name, interval, duty in (
-                ("conveyor-finish-parents", self.options.rescue_interval, ParentFinisher(store)),
-                (
-                    "conveyor-prune",
-                    self.options.prune_interval,
-                    Pruner(store, self.app.retention(self.options.retention)),
-                ),
-            )
+        tasks = [
+            asyncio.create_task(self._settle_loop(store), name="conveyor-settle"),
+            asyncio.create_task(self._listen(store), name="conveyor-listen"),
+            *self._start_duties(store),
         ]
-        cron = on_the_clock(
-            CronFirer(store, interval=self.options.cron_interval), self._maintenance_stop
-        )
-        duties.append(asyncio.create_task(cron, name="conveyor-cron"))
         try:
             await self._produce(store)
             await self._drain()
         finally:
-            self._drained = True
+            self._advance(_Phase.DRAINED)
             self._maintenance_stop.set()
-            listener.cancel()
-            self._stopping = True
+            tasks[1].cancel()  # the listener
             self._settle_ready.set()
-            await asyncio.gather(settler, rescuer, listener, *duties, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             heartbeat.stop()
-            await asyncio.get_running_loop().run_in_executor(None, heartbeat.join)
+            await loop.run_in_executor(None, heartbeat.join)
             try:
                 await store.deregister_worker(self.id)
             except Exception as exc:
                 log.warning("could not record worker %s as stopped: %s", self.id, exc)
             await store.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._threads.shutdown()
             log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    def _start_duties(self, store: Store) -> list[asyncio.Task[None]]:
+        """Start the maintenance duties every worker runs (each is safe to run on all)."""
+        options, stop = self.options, self._maintenance_stop
+        duties = (
+            ("conveyor-rescue", options.rescue_interval, Rescuer(store)),
+            ("conveyor-finish-parents", options.rescue_interval, ParentFinisher(store)),
+            (
+                "conveyor-prune",
+                options.prune_interval,
+                Pruner(store, self.app.retention(options.retention)),
+            ),
+        )
+        # Cron keeps to the wall clock: it sleeps to the next tick, not a fixed interval.
+        cron = on_the_clock(CronFirer(store, interval=options.cron_interval), stop)
+        return [
+            *(
+                asyncio.create_task(every(interval, duty, stop), name=name)
+                for name, interval, duty in duties
+            ),
+            asyncio.create_task(cron, name="conveyor-cron"),
+        ]
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully (thread-safe)."""
         loop = self._loop
         if loop is None:
-            self._stopping = True
+            self._advance(_Phase.STOPPING)
         elif loop.is_running():
             loop.call_soon_threadsafe(self._request_stop)
 
+    def held(self) -> list[_Run]:
+        """The runs whose leases this worker holds now: running or awaiting their settle."""
+        return self.leases.snapshot()
+
+    def _advance(self, phase: _Phase) -> None:
+        self._phase = max(self._phase, phase)
+
     def _request_stop(self) -> None:
-        if not self._stopping:
+        if self._phase is _Phase.RUNNING:
             log.info("worker %s stopping: no new jobs; %d running", self.id, self._active)
-        self._stopping = True
+        self._advance(_Phase.STOPPING)
         self._stop_requested.set()
         self._wakeup.set()
 
@@ -235,7 +402,7 @@ class Worker:
 
     async def _produce(self, store: Store) -> None:
         failures = 0
-        while not self._stopping:
+        while self._phase is _Phase.RUNNING:
             # Clear before claiming, not after: a wake-up (a stop, a freed slot, a
             # notification) that arrives while the claim is in flight is not lost.
             self._wakeup.clear()
@@ -244,10 +411,13 @@ class Worker:
             # and the settle backlog when the database falls behind.
             free = min(
                 self.options.concurrency - self._active,
-                2 * self.options.concurrency - len(self._runs),
+                2 * self.options.concurrency - len(self.leases),
             )
             claimed: list[Job] = []
             if free > 0:
+                # The database starts the lease at some moment after this one: counting
+                # from here, the worker never believes it holds a lease longer than it does.
+                sent = time.monotonic()
                 try:
                     claimed = await store.claim(
                         worker_id=self.id,
@@ -265,13 +435,13 @@ class Worker:
                     failures += 1
                     if failures == 1:
                         log.error("cannot claim jobs (%s); retrying with backoff", exc)
-                    await self._sleep(min(5.0, 0.1 * 2**failures) * (0.5 + random.random()))
+                    await self._sleep(pause_after_failures(failures, jitter=random.random()))
                     continue
                 for job in claimed:
-                    self._start(job)
+                    self._start(store, job, sent)
                 if len(claimed) == free:
                     continue  # more may be due; claim again as soon as slots free
-                idle = self._active == 0 and not self._outbox and not self._runs
+                idle = self._active == 0 and not self._outbox and not len(self.leases)
                 if not claimed and self.options.burst and idle:
                     return
             try:
@@ -284,7 +454,7 @@ class Worker:
         if not self._limited:
             return None
         running: dict[str, int] = {}
-        for run in self.held():
+        for run in self.leases.snapshot():
             if not run.done:
                 running[run.job.type] = running.get(run.job.type, 0) + 1
         local = {
@@ -325,32 +495,39 @@ class Worker:
                 await asyncio.sleep(self.options.poll_interval)
                 continue
             if cancelled:
-                self._on_beat(frozenset(), cancelled)
+                self._on_cancel_requested(cancelled)
             self._wakeup.set()
 
     # -- running ------------------------------------------------------------------------
 
-    def _start(self, job: Job) -> None:
-        run = _Run(job=job, lease=job.lease or self.options.lease)
+    def _start(self, store: Store, job: Job, sent: float) -> None:
+        run = _Run(job=job, lease=job.lease or self.options.lease, renewed_at=sent)
         job_type = self.app.registry.find(job.type)
         # A process-isolated handler is awaited like an async one: cancelling its task
         # stops the child process.
         run.is_async = (
             job_type is None or job_type.is_async or job_type.options.isolation == "process"
         )
-        with self._lock:
-            self._runs[job.id] = run
+        previous = self.leases.hold(run)
         self._active += 1
         self._idle.clear()
+        if previous is not None and not previous.done:
+            # The job was rescued from this worker (its lease ran out) and claimed back:
+            # the earlier run's lease is gone, so it stops now rather than run alongside.
+            # Its result, if any, is dropped; were it already on its way to the store,
+            # the new claim's token would make the store refuse it.
+            log.warning(
+                "job %s: claimed again after its lease ran out; dropping the older run", job.id
+            )
+            self._lose(previous)
         # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
         # the task's coroutine (Worker._execute) and in every log line about it.
-        run.task = asyncio.create_task(self._execute(run, job_type))
+        run.task = asyncio.create_task(self._execute(run, job_type, store))
 
-    async def _execute(self, run: _Run, job_type: JobType | None) -> None:
-        loop = asyncio.get_running_loop()
+    async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
         settlement: Settlement | None
         try:
-            settlement = await self._invoke(run, job_type, loop)
+            settlement = await self._invoke(run, job_type, store)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if run.interrupt is None or task is None:
@@ -368,10 +545,9 @@ class Worker:
             settlement = self._interrupted(run)
         self._finish(run, settlement)
 
-    async def _invoke(
-        self, run: _Run, job_type: JobType | None, loop: asyncio.AbstractEventLoop
-    ) -> Settlement | None:
+    async def _invoke(self, run: _Run, job_type: JobType | None, store: Store) -> Settlement | None:
         job = run.job
+        loop = asyncio.get_running_loop()
         if job_type is None:
             return self._failure(
                 run,
@@ -383,27 +559,28 @@ class Worker:
             kwargs = job_type.arguments(job.payload)
         except ConveyorError as exc:
             return self._failure(run, Outcome.FAILED, str(exc), final=True)
-        ctx = run.ctx = JobContext(job, worker_id=self.id, port=_Port(self, run), loop=loop)
+        port = _Port(run, self.leases, store, self.app)
+        ctx = run.ctx = JobContext(job, worker_id=self.id, port=port, loop=loop)
         if job.cancel_requested:
             self._interrupt(run, _Interrupt.CANCEL, job.error or "cancel requested")
+        isolated = job_type.options.isolation == "process"
         if job.timeout:
-            run.timer = loop.call_later(
-                job.timeout,
-                self._interrupt,
-                run,
-                _Interrupt.TIMEOUT,
-                f"timed out after {job.timeout:g}s",
-            )
+            # An isolated handler's limit starts when its child reports in; until then
+            # the child gets a start-up allowance, not the handler's own time.
+            self._arm_timeout(run, job.timeout + _CHILD_START_ALLOWANCE if isolated else None)
         try:
-            if job_type.options.isolation == "process":
+            if isolated:
                 result = await run_in_child(
-                    job_type, job, ctx._port, cancel_grace=self.options.cancel_grace
+                    job_type,
+                    job,
+                    ctx._port,
+                    cancel_grace=self.options.cancel_grace,
+                    on_started=lambda: self._arm_timeout(run),
                 )
             elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
             else:
-                future = loop.run_in_executor(self._pool, lambda: job_type.fn(ctx, **kwargs))
-                result = await asyncio.shield(future)
+                result = await asyncio.shield(self._in_thread(loop, job_type.fn, ctx, kwargs))
         except Retry as exc:
             return self._failure(
                 run, Outcome.FAILED, f"retry requested: {exc.reason}", retry_after=exc.after
@@ -440,6 +617,37 @@ class Worker:
             result=result,
             result_ref=None if ctx.result_ref is None else str(ctx.result_ref),
         )
+
+    def _in_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[..., Any],
+        ctx: JobContext,
+        kwargs: dict[str, Any],
+    ) -> asyncio.Future[Any]:
+        """Call a sync handler on a thread of its own; the future gets its outcome."""
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(result: Any, error: BaseException | None) -> None:
+            if future.cancelled():
+                return
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        def call() -> None:
+            try:
+                outcome: tuple[Any, BaseException | None] = (fn(ctx, **kwargs), None)
+            except BaseException as exc:
+                outcome = (None, exc)
+            try:
+                loop.call_soon_threadsafe(deliver, *outcome)
+            except RuntimeError:
+                pass  # the loop is closed: an abandoned handler outlived its worker
+
+        self._threads.submit(call)
+        return future
 
     def _settlement(
         self,
@@ -487,6 +695,21 @@ class Worker:
             final=final,
         )
 
+    def _arm_timeout(self, run: _Run, after: float | None = None) -> None:
+        """Interrupt ``run`` when its time limit (or ``after`` seconds) has passed."""
+        timeout = run.job.timeout
+        if timeout is None or run.done:
+            return
+        if run.timer is not None:
+            run.timer.cancel()
+        run.timer = asyncio.get_running_loop().call_later(
+            timeout if after is None else after,
+            self._interrupt,
+            run,
+            _Interrupt.TIMEOUT,
+            f"timed out after {timeout:g}s",
+        )
+
     def _interrupted(self, run: _Run) -> Settlement | None:
         if run.interrupt is _Interrupt.CANCEL:
             # No error of its own: the job keeps the reason stored with the cancel request.
@@ -508,8 +731,8 @@ class Worker:
         # A sync handler's thread cannot be interrupted: it sees ctx.cancelled instead.
         if run.task is not None and (run.is_async or kind is _Interrupt.LOST):
             run.task.cancel()
-        if kind is not _Interrupt.LOST and self._loop is not None:
-            self._loop.call_later(self.options.cancel_grace, self._abandon, run)
+        if kind is not _Interrupt.LOST:
+            asyncio.get_running_loop().call_later(self.options.cancel_grace, self._abandon, run)
 
     def _abandon(self, run: _Run) -> None:
         if run.done:
@@ -527,37 +750,27 @@ class Worker:
         self._active -= 1
         self.processed += 1
         if settlement is None:
-            self._release(run)
+            self.leases.release((run,))
             log.warning("job %s: lease lost, result dropped", run.job.id)
         else:
-            if self._progress:  # progress not yet written by a heartbeat goes with the result
-                with self._lock:
-                    progress = self._progress.pop(run.key, None)
-                if progress is not None:
-                    settlement = dataclasses.replace(settlement, progress=progress)
+            # Progress not yet written by a heartbeat goes with the result.
+            progress = self.leases.pop_progress(run.key)
+            if progress is not None:
+                settlement = dataclasses.replace(settlement, progress=progress)
             self._outbox.append((run, settlement))
             self._settle_ready.set()
         if self._active == 0:
             self._idle.set()
         self._wakeup.set()
 
-    def _release(self, run: _Run) -> None:
-        self._release_all((run,))
-
-    def _release_all(self, runs: Iterable[_Run]) -> None:
-        with self._lock:
-            held, progress = self._runs, self._progress
-            for run in runs:
-                if held.get(run.job.id) is run:
-                    del held[run.job.id]
-                if progress:
-                    progress.pop(run.key, None)
+    def _lose(self, run: _Run) -> None:
+        """Stop a run whose lease is gone and drop its result."""
+        self._interrupt(run, _Interrupt.LOST, "lease lost")
+        self._finish(run, None)
 
     # -- settling -----------------------------------------------------------------------
 
-    async def _settle_loop(self) -> None:
-        store = self._store
-        assert store is not None
+    async def _settle_loop(self, store: Store) -> None:
         failures = 0
         while True:
             await self._settle_ready.wait()
@@ -566,39 +779,39 @@ class Worker:
             if not batch:
                 # Settle until the shutdown has drained: a claim still in flight when
                 # the stop came may start jobs whose results must be recorded too.
-                if self._gave_up or self._drained:
+                if self._phase >= _Phase.DRAINED:
                     return
                 continue
             try:
                 refused = set(await store.settle([s for _, s in batch]))
                 failures = 0
             except Exception as exc:
-                if self._gave_up:
+                if self._phase is _Phase.GAVE_UP:
                     return
                 failures += 1
                 if failures == 1:
                     log.error("cannot record finished jobs (%s); retrying", exc)
                 self._outbox[:0] = batch
-                await asyncio.sleep(min(5.0, 0.1 * 2**failures) * (0.5 + random.random()))
+                await asyncio.sleep(pause_after_failures(failures, jitter=random.random()))
                 self._settle_ready.set()
                 continue
             for job_id in refused:
                 log.warning("job %s: lease lost before its result was recorded", job_id)
-            self._release_all(run for run, _ in batch)
+            self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
-            if self._stopping:
+            if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
 
     # -- shutting down ------------------------------------------------------------------
 
     async def _drain(self) -> None:
+        self._advance(_Phase.STOPPING)
         if self._active:
             log.info("waiting up to %.1fs for %d running jobs", self.options.grace, self._active)
             try:
                 await asyncio.wait_for(self._idle.wait(), self.options.grace)
             except TimeoutError:
-                with self._lock:
-                    running = [r for r in self._runs.values() if not r.done]
+                running = [r for r in self.leases.snapshot() if not r.done]
                 log.warning("grace period over: handing back %d jobs", len(running))
                 for run in running:
                     self._interrupt(run, _Interrupt.HAND_BACK, "worker shutting down")
@@ -606,7 +819,7 @@ class Worker:
         # Results wait for the database at most a lease: past that their leases have
         # expired anyway, and other workers rescue and rerun those jobs.
         deadline = asyncio.get_running_loop().time() + max(self.options.lease, 5.0)
-        while self._outbox or self._runs_pending_settle():
+        while self._outbox or self.leases.awaiting_settle():
             if asyncio.get_running_loop().time() > deadline:
                 log.error(
                     "could not record %d finished jobs before stopping; they will run again "
@@ -614,90 +827,94 @@ class Worker:
                     len(self._outbox),
                 )
                 self._outbox.clear()
-                self._gave_up = True
+                self._advance(_Phase.GAVE_UP)
                 break
             self._settle_ready.set()
             await asyncio.sleep(0.01)
 
-    def _runs_pending_settle(self) -> bool:
-        with self._lock:
-            return any(r.done for r in self._runs.values())
-
     # -- heartbeat hooks (called on the loop) -------------------------------------------
 
-    def _on_beat(self, lost: frozenset[str], cancel: frozenset[str]) -> None:
-        with self._lock:
-            runs = dict(self._runs)
-        for job_id in lost:
-            run = runs.get(job_id)
-            if run is not None and not run.done:
-                log.warning("job %s: lease lost; stopping its handler", job_id)
-                self._interrupt(run, _Interrupt.LOST, "lease lost")
-                self._finish(run, None)
-        for job_id in cancel:
-            run = runs.get(job_id)
-            if run is not None and not run.done:
+    def _on_lost(self, runs: Iterable[_Run]) -> None:
+        """Stop runs whose leases the heartbeat could not renew (or may have expired)."""
+        for run in runs:
+            if not run.done:
+                log.warning("job %s: lease lost; stopping its handler", run.job.id)
+                self._lose(run)
+
+    def _on_cancel_requested(self, job_ids: Iterable[str]) -> None:
+        for run in self.leases.find(job_ids):
+            if not run.done:
                 self._interrupt(run, _Interrupt.CANCEL, run.job.error or "cancel requested")
-
-    def held(self) -> list[_Run]:
-        with self._lock:
-            return list(self._runs.values())
-
-    def take_progress(self) -> dict[Lease, Progress]:
-        with self._lock:
-            taken, self._progress = self._progress, {}
-            return taken
 
 
 class _Port:
     """A running job's way to the worker and the store; every write carries its lease."""
 
-    def __init__(self, worker: Worker, run: _Run) -> None:
-        self.worker = worker
+    def __init__(self, run: _Run, leases: _Leases, store: Store, app: WorkerHost) -> None:
         self.run = run
+        self.leases = leases
+        self.store = store
+        self.app = app
 
     def report_progress(self, progress: Progress) -> None:
-        with self.worker._lock:
-            self.worker._progress[self.run.key] = progress
+        self.leases.report_progress(self.run.key, progress)
 
     async def save_state(self, state: JSON) -> bool:
         json.dumps(state, allow_nan=False)
-        store = self.worker._store
-        if store is None or self.run.interrupt is _Interrupt.LOST:
+        if self.run.interrupt is _Interrupt.LOST:
             return False
-        return await store.checkpoint(self.run.key, state)
+        return await self.store.checkpoint(self.run.key, state)
 
     async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
-        app = self.worker.app
-        store = self.worker._store
-        if store is None or self.run.interrupt is _Interrupt.LOST:
+        if self.run.interrupt is _Interrupt.LOST:
             return None
-        jobs = app.prepare(submissions)
+        jobs = self.app.prepare(submissions)
         # Children belong to their parent's tenant, so that the API shows a tenant its trees.
         tenant = self.run.job.tenant
         if tenant is not None:
             jobs = [j if j.tenant else dataclasses.replace(j, tenant=tenant) for j in jobs]
-        spawned = await store.spawn(self.run.key, jobs)
+        spawned = await self.store.spawn(self.run.key, jobs)
         if spawned is None:
             return None
-        return app.handles(jobs, spawned)
+        return self.app.handles(jobs, spawned)
 
     async def dependency_results(self) -> dict[str, JSON]:
-        store = self.worker._store
         depends_on = self.run.job.depends_on
-        if store is None or not depends_on:
+        if not depends_on:
             return {}
-        return {j.id: j.result for j in await store.get_many(depends_on)}
+        return {j.id: j.result for j in await self.store.get_many(depends_on)}
 
 
 class _Heartbeat(threading.Thread):
-    """Renews the worker's leases from a thread of its own, with its own connection."""
+    """Renews the worker's leases from a thread of its own, with its own connection.
 
-    def __init__(self, worker: Worker) -> None:
+    A beat is due every lease/3, and at once when a run's lease was last renewed (or
+    claimed) longer ago than that: a claim that waited long for the database comes back
+    with a lease counted from when it was sent. Between beats, a run whose lease may have
+    expired is stopped: better stop early than run twice.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        lease: float,
+        leases: _Leases,
+        new_store: Callable[[], Store],
+        loop: asyncio.AbstractEventLoop,
+        on_lost: Callable[[list[_Run]], None],
+        on_cancel_requested: Callable[[frozenset[str]], None],
+    ) -> None:
         super().__init__(name="conveyor-heartbeat", daemon=True)
-        self.worker = worker
+        self.worker_id = worker_id
+        self.lease = lease
+        self.leases = leases
+        self.new_store = new_store  # its own store: its own connection
+        self.loop = loop  # the worker's: what the beat learns is handed to it there
+        self.on_lost = on_lost
+        self.on_cancel_requested = on_cancel_requested
         self._stop_event = threading.Event()
-        self.interval = worker.options.lease / 3
+        self.interval = self.lease / 3
         self.progress_interval = min(1.0, self.interval)
 
     def stop(self) -> None:
@@ -705,7 +922,7 @@ class _Heartbeat(threading.Thread):
 
     def run(self) -> None:
         loop = asyncio.new_event_loop()
-        store = self.worker.app.new_store()
+        store = self.new_store()
         try:
             loop.run_until_complete(store.open())
         except Exception as exc:
@@ -719,27 +936,29 @@ class _Heartbeat(threading.Thread):
             loop.close()
 
     def _beat_forever(self, loop: asyncio.AbstractEventLoop, store: Store) -> None:
-        worker = self.worker
         last_beat = time.monotonic()
         last_progress = 0.0
         failures = 0
         tick = min(0.25, self.interval / 2)
         while not self._stop_event.wait(tick):
             now = time.monotonic()
-            runs = worker.held()
+            runs = self.leases.snapshot()
             interval = min([r.lease / 3 for r in runs] + [self.interval])
-            progress_due = bool(worker._progress) and now - last_progress >= self.progress_interval
-            if now - last_beat < interval and not progress_due:
+            stale = any(now - r.renewed_at >= r.lease / 3 for r in runs if not r.done)
+            progress_due = (
+                self.leases.has_progress() and now - last_progress >= self.progress_interval
+            )
+            if now - last_beat < interval and not stale and not progress_due:
                 self._fence(runs, now)
                 continue
-            progress = worker.take_progress()
+            progress = self.leases.take_progress()
             started = time.monotonic()
             try:
                 beat = loop.run_until_complete(
                     store.heartbeat(
-                        worker_id=worker.id,
+                        worker_id=self.worker_id,
                         leases=[r.key for r in runs],
-                        lease=worker.options.lease,
+                        lease=self.lease,
                         progress=progress,
                     )
                 )
@@ -747,9 +966,7 @@ class _Heartbeat(threading.Thread):
                 failures += 1
                 if failures == 1:
                     log.error("heartbeat failed (%s); retrying until leases run out", exc)
-                with worker._lock:
-                    for key, value in progress.items():
-                        worker._progress.setdefault(key, value)
+                self.leases.restore_progress(progress)
                 self._fence(runs, time.monotonic())
                 continue
             if failures:
@@ -758,27 +975,40 @@ class _Heartbeat(threading.Thread):
             last_beat = started
             if progress:
                 last_progress = started
-            for run in runs:
-                if run.job.id not in beat.lost:
-                    run.renewed_at = started
-            if (beat.lost or beat.cancel_requested) and worker._loop is not None:
-                try:
-                    worker._loop.call_soon_threadsafe(
-                        worker._on_beat, beat.lost, beat.cancel_requested
-                    )
-                except RuntimeError:
-                    return
+            if not self._beaten(runs, beat, progress, started):
+                return
+
+    def _beaten(
+        self, runs: list[_Run], beat: Beat, progress: Mapping[Lease, Progress], started: float
+    ) -> bool:
+        """Take in what a beat learned; False once the worker's loop has closed."""
+        if beat.busy:
+            # Rows another transaction holds (a settle, a rescue) were neither renewed
+            # nor found lost; their progress waits for the next beat.
+            self.leases.restore_progress(
+                {k: p for k, p in progress.items() if k.job_id in beat.busy}
+            )
+        lost = [r for r in runs if r.job.id in beat.lost]
+        for run in runs:
+            if run.job.id not in beat.lost and run.job.id not in beat.busy:
+                run.renewed_at = started
+        try:
+            if lost:
+                self.loop.call_soon_threadsafe(self.on_lost, lost)
+            if beat.cancel_requested:
+                self.loop.call_soon_threadsafe(self.on_cancel_requested, beat.cancel_requested)
+        except RuntimeError:
+            return False
+        return True
 
     def _fence(self, runs: list[_Run], now: float) -> None:
         """Stop runs whose lease may have expired: better stop early than run twice."""
-        expired = frozenset(
-            r.job.id
-            for r in runs
-            if not r.done and now - r.renewed_at > r.lease - min(r.lease / 6, 2.0)
-        )
-        if expired and self.worker._loop is not None:
+        expired = [
+            r for r in runs if not r.done and now - r.renewed_at > r.lease - min(r.lease / 6, 2.0)
+        ]
+        if expired:
             try:
-                self.worker._loop.call_soon_threadsafe(self.worker._on_beat, expired, frozenset())
+                self.loop.call_soon_threadsafe(self.on_lost, expired)
             except RuntimeError:
                 pass
 

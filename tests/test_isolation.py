@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from conveyor import ConfigurationError, Conveyor, JobContext, Outcome, Status
-from tests.apps import isolated
+from tests.apps import isolated, slow_start
 from tests.helpers import running_worker, settled
 
 
@@ -76,6 +76,17 @@ async def test_a_hung_child_is_killed_on_timeout_and_retried(iso: Conveyor) -> N
         await settled(job, Status.SUCCEEDED, timeout=60)
     assert job.result == "second attempt"
     assert [a.outcome for a in await job.attempts()] == [Outcome.TIMED_OUT, Outcome.SUCCEEDED]
+
+
+async def test_a_slow_child_start_is_not_charged_to_the_handlers_time_limit(db_url: str) -> None:
+    slow_start.app.url = db_url
+    try:
+        job = await slow_start.app.submit("quick", {})
+        async with running_worker(slow_start.app):
+            await settled(job, Status.SUCCEEDED, timeout=60)
+        assert job.result == "done"
+    finally:
+        await slow_start.app.close()
 
 
 def test_a_handler_the_child_cannot_import_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]

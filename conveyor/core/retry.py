@@ -61,6 +61,29 @@ def backoff_delay(*, attempt: int, base: float, cap: float, jitter: float | bool
     return ceiling * fraction
 
 
+def pause_after_failures(
+    failures: int, *, jitter: float, base: float = 0.1, cap: float = 5.0
+) -> float:
+    """Return how long to wait before trying an infrastructure call again (a claim, a
+    settle, a maintenance duty, a reconnection) after ``failures`` failures in a row.
+
+    The pause doubles with each failure from ``2 * base`` up to ``cap``, scaled by a
+    factor from 0.5 to 1.5 (``jitter`` is a random fraction in [0, 1)), so that workers
+    that lost the database together do not all come back in the same instant.
+
+    >>> pause_after_failures(1, jitter=0.5)
+    0.2
+    >>> pause_after_failures(10, jitter=0.5)
+    5.0
+    >>> pause_after_failures(3, jitter=0.0, base=0.2, cap=10.0)
+    0.8
+    """
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError("jitter must be a fraction in [0, 1)")
+    exponent = min(max(failures, 0), 62)
+    return min(cap, base * 2.0**exponent) * (0.5 + jitter)
+
+
 def should_retry(*, attempt: int, max_attempts: int) -> bool:
     """Return whether another attempt may follow attempt number ``attempt``.
 

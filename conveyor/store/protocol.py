@@ -36,10 +36,15 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Beat:
-    """What a heartbeat learned: leases it could not renew, and cancel requests."""
+    """What a heartbeat learned: leases lost, leases left for the next beat, cancel requests.
+
+    A *busy* job's row was locked by another transaction (its settle, a rescue, a cancel):
+    its lease was neither renewed nor found lost, and its progress was not written.
+    """
 
     lost: frozenset[str] = frozenset()
     cancel_requested: frozenset[str] = frozenset()
+    busy: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

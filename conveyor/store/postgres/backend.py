@@ -952,10 +952,16 @@ class PostgresStore:
                 f"no answer from {self._where()} within {budget:.2f}s (a small part of the "
                 "lease, so that runs are stopped before their leases can expire)"
             ) from None
-        renewed = {row["id"]: bool(row["cancel_requested"]) for row in rows if row["renew"]}
+        busy = frozenset(row["id"] for row in rows if row["busy"])
+        renewed = {
+            row["id"]: bool(row["cancel_requested"])
+            for row in rows
+            if row["renew"] and not row["busy"]
+        }
         return Beat(
-            lost=frozenset(x.job_id for x in leases if x.job_id not in renewed),
+            lost=frozenset(x.job_id for x in leases if x.job_id not in renewed.keys() | busy),
             cancel_requested=frozenset(k for k, v in renewed.items() if v),
+            busy=busy,
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:

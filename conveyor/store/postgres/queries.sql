@@ -85,15 +85,17 @@ SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
 -- Each queue is read on its own through the partial claim index, which returns rows in
 -- claim order, so the cost stays flat with millions of queued rows; a single scan with
 -- queue = ANY(...) would sort every due row instead. Rows another worker is claiming
--- are skipped, not waited for.
+-- are skipped, not waited for. The lease starts at clock_timestamp(), when the rows are
+-- written, not at now(), the statement's start: a claim that waited for a table lock
+-- longer than the lease would otherwise store a lease that had already expired.
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
     lease_token = lease_token + 1,
     lease_owner = %(worker_id)s,
-    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+    lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
                        + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
-    started_at = coalesce(%(now)s::timestamptz, now()),
+    started_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     cancel_requested = false
 WHERE id = ANY(ARRAY(
     SELECT due.id
@@ -115,7 +117,12 @@ RETURNING *;
 
 -- name: heartbeat
 -- Renew a worker's leases, write its buffered progress and record it alive, in one
--- statement; returns the jobs still held (renewed) and whether their cancel was asked.
+-- statement that never waits for a row lock. Returns one row per job: renewed (its
+-- progress written, whether its cancel was asked) or busy. A row locked by another
+-- transaction is skipped, neither renewed nor lost: it is being settled (most often by
+-- this worker, whose settle may wait for its event loop), rescued or cancelled, and the
+-- next beat sees the outcome. Waiting for it instead would hold back the renewal of
+-- every other lease of the worker until their leases ran out.
 WITH beat AS (
     SELECT * FROM unnest(
         %(ids)s::text[], %(tokens)s::bigint[], %(renew)s::boolean[],
@@ -130,29 +137,41 @@ locked AS MATERIALIZED (
     SELECT j.id, j.lease_token, j.status FROM conveyor_jobs j
     WHERE j.id = ANY(%(ids)s::text[])
     ORDER BY j.id
-    FOR UPDATE OF j
+    FOR UPDATE OF j SKIP LOCKED
 ),
 held AS (
     SELECT j.id FROM locked j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
     WHERE j.status = 'running'
+),
+renewed AS (
+    UPDATE conveyor_jobs j
+    SET lease_expires_at = CASE
+            WHEN b.renew THEN coalesce(%(now)s::timestamptz, now())
+                              + make_interval(secs => coalesce(j.lease_seconds, %(lease)s))
+            ELSE j.lease_expires_at END,
+        -- Against the same total, progress never moves backwards (a retry resuming from
+        -- an older checkpoint does not make the bar shrink).
+        progress_done = CASE
+            WHEN b.done IS NULL THEN j.progress_done
+            WHEN j.progress_total IS NOT DISTINCT FROM b.total AND j.progress_done > b.done
+            THEN j.progress_done
+            ELSE b.done END,
+        progress_total = CASE WHEN b.done IS NULL THEN j.progress_total ELSE b.total END,
+        progress_message = CASE WHEN b.done IS NULL THEN j.progress_message ELSE b.message END
+    FROM beat b JOIN held USING (id)
+    WHERE j.id = b.id
+    RETURNING j.id, b.renew, j.cancel_requested
 )
-UPDATE conveyor_jobs j
-SET lease_expires_at = CASE
-        WHEN b.renew THEN coalesce(%(now)s::timestamptz, now())
-                          + make_interval(secs => coalesce(j.lease_seconds, %(lease)s))
-        ELSE j.lease_expires_at END,
-    -- Against the same total, progress never moves backwards (a retry resuming from an
-    -- older checkpoint does not make the bar shrink).
-    progress_done = CASE
-        WHEN b.done IS NULL THEN j.progress_done
-        WHEN j.progress_total IS NOT DISTINCT FROM b.total AND j.progress_done > b.done
-        THEN j.progress_done
-        ELSE b.done END,
-    progress_total = CASE WHEN b.done IS NULL THEN j.progress_total ELSE b.total END,
-    progress_message = CASE WHEN b.done IS NULL THEN j.progress_message ELSE b.message END
-FROM beat b JOIN held USING (id)
-WHERE j.id = b.id
-RETURNING j.id, b.renew, j.cancel_requested;
+SELECT id, renew, cancel_requested, false AS busy FROM renewed
+UNION ALL
+-- Skipped rows, as last committed: still running under this worker's token. Read only
+-- when a row was skipped (a one-time filter), so a beat normally costs no second look.
+SELECT b.id, b.renew, false, true
+FROM conveyor_jobs j JOIN beat b ON b.id = j.id AND b.token = j.lease_token
+WHERE (SELECT count(*) FROM locked) < cardinality(%(ids)s::text[])
+  AND j.id = ANY(%(ids)s::text[])
+  AND j.status = 'running'
+  AND j.id NOT IN (SELECT id FROM locked);
 
 -- name: settle
 -- End attempts, fenced by the lease (the row must still be running under the token), and
@@ -512,15 +531,16 @@ LIMIT %(limit)s;
 
 -- name: claim_ids
 -- Lease the chosen jobs. They are queued and locked by this transaction (claim_candidates);
--- naming them by id alone keeps the planner on the primary key.
+-- naming them by id alone keeps the planner on the primary key. The lease starts at
+-- clock_timestamp(), after every lock of the transaction was obtained (see claim).
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
     lease_token = lease_token + 1,
     lease_owner = %(worker_id)s,
-    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+    lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
                        + make_interval(secs => coalesce(lease_seconds, %(lease)s)),
-    started_at = coalesce(%(now)s::timestamptz, now()),
+    started_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     cancel_requested = false
 WHERE id = ANY(%(ids)s::text[])
 RETURNING *;

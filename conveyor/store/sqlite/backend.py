@@ -585,7 +585,6 @@ class SQLiteStore:
             "queues": json.dumps(list(queues)),
             "limit": limit,
             "lease": lease,
-            "now": self._clock(),
         }
         if limits:
             flow = limits
@@ -596,7 +595,9 @@ class SQLiteStore:
             return await self._write(claim_limited)
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
-            return _jobs(conn.execute(_Q["claim"], params))
+            # The lease starts now that this transaction holds the write lock: a time read
+            # before waiting for it would store a lease that may already have expired.
+            return _jobs(conn.execute(_Q["claim"], params | {"now": self._clock()}))
 
         return await self._write(claim)
 
@@ -658,7 +659,6 @@ class SQLiteStore:
         lease: float,
         progress: Mapping[Lease, Progress],
     ) -> Beat:
-        now = self._clock()
         held = json.dumps([[x.job_id, x.token] for x in leases])
         updates = [
             {
@@ -672,6 +672,7 @@ class SQLiteStore:
         ]
 
         def beat(conn: sqlite3.Connection) -> Beat:
+            now = self._clock()  # under the write lock, as for a claim
             conn.execute(_Q["touch_worker"], {"worker_id": worker_id, "now": now})
             renewed = {}
             if leases:

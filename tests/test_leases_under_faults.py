@@ -1,0 +1,377 @@
+"""Leases under faults, on every backend (issue #16, items 1, 2 and 5).
+
+A claim that waits for the database's write lock longer than the lease, a handler that
+holds its worker's event loop past the lease while a settle is open, a job rescued from
+the worker still running it, and a sync handler abandoned past its cancel grace. Each
+test injects the fault for real (a lock held by a connection of the test's own, a loop
+blocked by ``time.sleep``), and would have failed before the fix it guards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from conveyor import Conveyor, JobContext, Outcome, Status
+from conveyor.core.model import Job, Progress
+from conveyor.store import Lease
+from tests.helpers import eventually, fast_options, running_worker, settled
+
+
+class _Probe:
+    """A connection of the test's own to the database under test, beside conveyor's."""
+
+    def __init__(self, backend: str, db_url: str) -> None:
+        self.postgres = backend == "postgres"
+        self.conn: Any
+        if self.postgres:
+            import psycopg
+
+            self.conn = psycopg.connect(db_url, autocommit=True)
+        else:
+            path = db_url.removeprefix("sqlite:///")
+            self.conn = sqlite3.connect(
+                path, isolation_level=None, timeout=30, check_same_thread=False
+            )
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _one(self, postgres: str, sqlite: str, params: tuple[object, ...] = ()) -> Any:
+        query = postgres if self.postgres else sqlite
+        row = self.conn.execute(query, params).fetchone()
+        return None if row is None else row[0]
+
+    def now(self) -> float:
+        """The time on the clock that decides leases, in seconds since the epoch."""
+        if self.postgres:
+            return float(self._one("SELECT extract(epoch FROM clock_timestamp())", ""))
+        return time.time()
+
+    def hold_write_lock(self) -> None:
+        """Take the lock every claim needs, until :meth:`release`."""
+        self.conn.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+        if self.postgres:
+            self.conn.execute("LOCK TABLE conveyor_jobs IN EXCLUSIVE MODE")
+
+    def release(self) -> float:
+        """Release the lock; return when, on the lease clock (no claim got it before)."""
+        released = self.now()
+        if self.postgres or self.conn.in_transaction:
+            self.conn.execute("COMMIT")
+        return released
+
+    def waiting_for_lock(self) -> bool:
+        """Whether another session waits for a lock (PostgreSQL; SQLite cannot tell)."""
+        if not self.postgres:
+            return True
+        return bool(
+            self._one(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                "",
+            )
+        )
+
+    def lock_row(self, job_id: str) -> None:
+        """Lock a job's row until :meth:`release` (PostgreSQL; SQLite has no row locks).
+
+        SQLite's transactions run to completion on the store's thread, never across a
+        blocked event loop, so no row of a worker's stays locked there.
+        """
+        if self.postgres:
+            self.conn.execute("BEGIN")
+            self.conn.execute("SELECT 1 FROM conveyor_jobs WHERE id = %s FOR UPDATE", (job_id,))
+
+    def status(self, job_id: str) -> str:
+        return str(
+            self._one(
+                "SELECT status FROM conveyor_jobs WHERE id = %s",
+                "SELECT status FROM conveyor_jobs WHERE id = ?",
+                (job_id,),
+            )
+        )
+
+    def expire_lease(self, job_id: str) -> None:
+        """Make a running job's lease expired, as a claim that waited past it stored it."""
+        if self.postgres:
+            self.conn.execute(
+                "UPDATE conveyor_jobs SET lease_expires_at = now() - interval '1 minute' "
+                "WHERE id = %s",
+                (job_id,),
+            )
+        else:
+            self.conn.execute(
+                "UPDATE conveyor_jobs SET lease_expires_at = ? WHERE id = ?",
+                (time.time() - 60, job_id),
+            )
+
+
+class _WorkerThread:
+    """A worker on an event loop and a thread of its own, so that one can block it."""
+
+    def __init__(self, app: Conveyor, **options: object) -> None:
+        self.worker = app.worker(fast_options(**options))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.worker.run())
+        except BaseException as exc:
+            self.error = exc
+
+    async def stop(self) -> None:
+        self.worker.stop()
+        await asyncio.to_thread(self.thread.join, 60)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+async def _true(check: Any) -> bool:
+    return bool(check())
+
+
+# -- item 2: a claim that waits longer than the lease ------------------------------------
+
+
+async def test_a_claim_that_waits_for_the_write_lock_leases_from_when_it_got_it(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    lease = 1.0
+
+    @app.job()
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    await noop.submit()
+    store = app.new_store()
+    await store.open()
+    probe = _Probe(backend, db_url)
+    try:
+        probe.hold_write_lock()
+        claim = asyncio.create_task(
+            store.claim(worker_id="w", queues=app.registry.queues(), limit=1, lease=lease)
+        )
+        await asyncio.sleep(0)  # the claim is sent
+        await eventually(lambda: _true(probe.waiting_for_lock))
+        await asyncio.sleep(2 * lease)  # the fault: the lock is held for twice the lease
+        released = probe.release()
+        (claimed,) = await asyncio.wait_for(claim, 30)
+        now = probe.now()
+    finally:
+        probe.close()
+        await store.close()
+    assert claimed.lease_expires_at is not None
+    expires = claimed.lease_expires_at.timestamp()
+    assert expires > now, "the claim stored a lease that had already expired"
+    assert expires >= released + lease, (
+        f"the lease counts from {expires - lease - released:+.2f}s after the lock was "
+        "released: its clock was read before the claim got the lock"
+    )
+
+
+async def test_a_job_rescued_from_its_worker_and_claimed_back_runs_once_at_a_time(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    events: list[tuple[str, int]] = []
+    second_may_end = asyncio.Event()
+
+    @app.job(backoff="10ms")
+    async def sticky(ctx: JobContext) -> int:
+        events.append(("start", ctx.attempt))
+        try:
+            if ctx.attempt == 1:
+                await asyncio.Event().wait()  # until cancelled
+            await second_may_end.wait()
+        except asyncio.CancelledError:
+            events.append(("cancelled", ctx.attempt))
+            raise
+        return ctx.attempt
+
+    def running(worker_runs: list[Any]) -> int:
+        return sum(1 for r in worker_runs if r.job.id == job.id and not r.done)
+
+    job = await sticky.submit()
+    probe = _Probe(backend, db_url)
+    try:
+        # A long lease: the heartbeat (every 20 s) does not notice the rescue before
+        # the worker claims the job back, so the claim meets the run still going.
+        async with running_worker(app, lease=60.0, rescue_interval=0.1) as worker:
+            await eventually(lambda: _true(lambda: ("start", 1) in events))
+            probe.expire_lease(job.id)  # the worker's own rescuer requeues the job
+            await eventually(lambda: _true(lambda: ("start", 2) in events))
+            await eventually(lambda: _true(lambda: ("cancelled", 1) in events), timeout=10)
+            assert running(worker.held()) == 1
+            second_may_end.set()
+            await settled(job, Status.SUCCEEDED)
+    finally:
+        probe.close()
+    assert job.result == 2
+    assert [a.outcome for a in await job.attempts()] == [Outcome.LOST, Outcome.SUCCEEDED]
+    # The older run was cancelled as the job was claimed back (its handler sees the
+    # cancellation on its next step, which may come after the new run's first).
+    assert sorted(events) == [("cancelled", 1), ("start", 1), ("start", 2)]
+
+
+# -- item 1: a handler that holds the event loop while a held row is locked ---------------
+
+
+async def test_a_heartbeat_skips_a_locked_row_as_busy_and_renews_the_others(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    @app.job()
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    await noop.submit()
+    await noop.submit()
+    store = app.new_store()
+    await store.open()
+    locker = _Probe(backend, db_url)
+    try:
+        claimed = await store.claim(
+            worker_id="w", queues=app.registry.queues(), limit=2, lease=30.0
+        )
+        locked, free = sorted(claimed, key=lambda j: j.id)
+        keys = [Lease(j.id, j.lease_token) for j in (locked, free)]
+        progress = {key: Progress(1.0, 2.0, "half") for key in keys}
+        locker.lock_row(locked.id)  # as the worker's own settle holds it, on PostgreSQL
+        beat = await asyncio.wait_for(
+            store.heartbeat(worker_id="w", leases=keys, lease=60.0, progress=progress), 10
+        )
+        locker.release()
+        after = {j.id: j for j in await store.get_many([locked.id, free.id])}
+    finally:
+        locker.close()
+        await store.close()
+    assert beat.lost == frozenset()
+    assert after[free.id].progress == Progress(1.0, 2.0, "half")
+    assert _expiry(after[free.id]) > _expiry(free) + 20
+    if backend == "postgres":
+        assert beat.busy == {locked.id}
+        assert _expiry(after[locked.id]) == _expiry(locked), "a busy lease is not renewed"
+        assert after[locked.id].progress is None, "a busy job's progress waits"
+    else:
+        assert beat.busy == frozenset()
+
+
+def _expiry(job: Job) -> float:
+    assert job.lease_expires_at is not None
+    return job.lease_expires_at.timestamp()
+
+
+async def test_a_handler_holding_the_event_loop_does_not_starve_the_heartbeat(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    """Worker A holds two leases: the hog, whose handler blocks A's event loop for three
+    leases, and quick, whose result waits to be recorded because another transaction
+    holds quick's row. In the field that transaction is A's own settle, left open on the
+    blocked loop (PostgreSQL); here a connection of the test holds it, so that the fault
+    does not hang on a race. A heartbeat that waited for quick's row would renew neither
+    lease, and worker B would rescue the hog and run it alongside."""
+    lease = 2.0
+    starts: list[str] = []  # the worker of each start of the hog
+    quick_may_end = threading.Event()
+    hog_done = threading.Event()
+    locker = _Probe(backend, db_url)
+    watcher = _Probe(backend, db_url)
+
+    @app.job()
+    async def quick(ctx: JobContext) -> None:
+        while not quick_may_end.is_set():
+            await asyncio.sleep(0.01)
+
+    @app.job(backoff="10ms")
+    async def hog(ctx: JobContext) -> str:
+        starts.append(ctx.worker_id)
+        if ctx.worker_id == "A":
+            # Once quick has ended, its settle is sent and waits for its row (PostgreSQL).
+            while not (quick_may_end.is_set() and watcher.waiting_for_lock()):
+                await asyncio.sleep(0.01)
+            deadline = time.monotonic() + 3 * lease
+            while time.monotonic() < deadline and len(starts) == 1:
+                time.sleep(0.02)  # CPU-bound work that never yields
+            hog_done.set()
+        return ctx.worker_id
+
+    quick_job = await quick.submit()
+    hog_job = await hog.submit()
+    first = _WorkerThread(app, worker_id="A", concurrency=2, lease=lease)
+    second: _WorkerThread | None = None
+    try:
+        await eventually(lambda: _true(lambda: starts == ["A"]))
+        await eventually(lambda: _true(lambda: locker.status(quick_job.id) == "running"))
+        locker.lock_row(quick_job.id)
+        quick_may_end.set()
+        # Another worker, free to rescue whatever lease worker A fails to renew.
+        second = _WorkerThread(app, worker_id="B", lease=lease, rescue_interval=0.2)
+        await eventually(lambda: _true(hog_done.is_set), timeout=30)
+        locker.release()
+        await settled(hog_job, timeout=30)
+        await settled(quick_job, Status.SUCCEEDED, timeout=30)
+    finally:
+        quick_may_end.set()
+        for worker in (first, second):
+            if worker is not None:
+                await worker.stop()
+        locker.close()
+        watcher.close()
+    assert starts == ["A"], f"the hog ran on {starts}: its lease expired while it ran"
+    assert hog_job.status is Status.SUCCEEDED and hog_job.result == "A"
+    assert [a.outcome for a in await hog_job.attempts()] == [Outcome.SUCCEEDED]
+    assert [a.outcome for a in await quick_job.attempts()] == [Outcome.SUCCEEDED]
+
+
+# -- item 5: an abandoned sync handler keeps its thread, not a slot -----------------------
+
+
+async def test_a_sync_handler_abandoned_past_its_cancel_grace_keeps_no_job_waiting(
+    app: Conveyor,
+) -> None:
+    stuck = threading.Event()
+    let_go = threading.Event()
+
+    @app.job()
+    def stubborn(ctx: JobContext) -> None:
+        stuck.set()
+        let_go.wait(60)  # ignores ctx.cancelled
+
+    @app.job()
+    def follower(ctx: JobContext) -> str:
+        return "ran"
+
+    first = await stubborn.submit()
+    try:
+        async with running_worker(app, concurrency=1, cancel_grace=0.2):
+            await eventually(lambda: _true(stuck.is_set))
+            await first.cancel()
+            await settled(first, Status.CANCELLED)
+            second = await follower.submit()
+            # Its thread is still busy with the abandoned handler; the next job starts
+            # anyway, on a thread of its own.
+            await settled(second, Status.SUCCEEDED, timeout=15)
+            assert not let_go.is_set()
+    finally:
+        let_go.set()
+    assert second.result == "ran"
+
+
+async def test_sync_handlers_reuse_idle_threads(app: Conveyor) -> None:
+    names: list[str] = []
+
+    @app.job()
+    def record(ctx: JobContext) -> None:
+        names.append(threading.current_thread().name)
+
+    jobs = [await record.submit() for _ in range(20)]
+    async with running_worker(app, concurrency=2):
+        for job in jobs:
+            await settled(job, Status.SUCCEEDED)
+    assert len(names) == 20
+    assert len(set(names)) < 10, f"a thread per job, not reused: {sorted(set(names))}"
