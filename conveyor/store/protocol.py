@@ -71,20 +71,6 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class JobQuery:
-    """Filters for listing jobs, newest first, with keyset pagination on id."""
-
-    status: tuple[Status, ...] = ()
-    type: str | None = None
-    queue: str | None = None
-    tenant: str | None = None
-    parent_id: str | None = None
-    root_id: str | None = None
-    before_id: str | None = None  # keyset: only ids that sort before this one
-    limit: int = 50
-
-
-@dataclass(frozen=True, slots=True)
 class JobPageQuery:
     """Filters for one page of jobs in creation order, with keyset pagination.
 
@@ -215,9 +201,6 @@ class Store(Protocol):
 
     async def get(self, job_id: str) -> Job | None:
         """Return one job, or None."""
-
-    async def list_jobs(self, query: JobQuery) -> list[Job]:
-        """Return jobs matching ``query``, newest first."""
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         """Return a job's attempts, oldest first."""

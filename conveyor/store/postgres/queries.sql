@@ -63,19 +63,6 @@ WHERE id = ANY(%(ids)s::text[])
 -- One job by id.
 SELECT * FROM conveyor_jobs WHERE id = %(id)s;
 
--- name: list_jobs
--- Jobs matching optional filters, newest first, keyset-paginated on id.
-SELECT * FROM conveyor_jobs
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(type)s::text IS NULL OR type = %(type)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-  AND (%(parent_id)s::text IS NULL OR parent_id = %(parent_id)s::text)
-  AND (%(root_id)s::text IS NULL OR root_id = %(root_id)s::text)
-  AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
-ORDER BY id DESC
-LIMIT %(limit)s;
-
 -- name: attempts
 -- A job's attempts, oldest first.
 SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
@@ -319,8 +306,8 @@ VALUES (%(name)s, %(paused)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.paused_at;
 
 -- name: now
--- The database's clock.
-SELECT now() AS now;
+-- The store's clock: the pinned time, or the database's (the transaction's start).
+SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 
 -- name: session_settings
 -- Settings of conveyor's own connections. A client that stops in the middle of a
@@ -580,7 +567,8 @@ FOR UPDATE SKIP LOCKED;
 -- name: advance_schedule
 -- Move a schedule to its next tick, only if no other worker did it first.
 UPDATE conveyor_schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
-WHERE name = %(name)s AND next_run_at = %(expected)s;
+WHERE name = %(name)s AND next_run_at = %(expected)s
+RETURNING name;
 
 -- name: schedules
 -- Every schedule, by name.
@@ -670,20 +658,28 @@ WHERE r.parent_id IS NULL AND r.status = %(status)s
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
--- name: prune_trees
--- Delete the given trees: their finished jobs, their attempts and dependency edges.
-WITH doomed AS (
+-- name: prune_attempts
+-- Delete the attempts of the given trees' finished jobs.
+DELETE FROM conveyor_attempts WHERE job_id IN (
     SELECT id FROM conveyor_jobs
     WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
       AND status IN ('succeeded', 'failed', 'cancelled')
-),
-attempts AS (
-    DELETE FROM conveyor_attempts WHERE job_id IN (SELECT id FROM doomed)
-),
-edges AS (
-    DELETE FROM conveyor_dependencies WHERE job_id IN (SELECT id FROM doomed)
-)
-DELETE FROM conveyor_jobs WHERE id IN (SELECT id FROM doomed);
+);
+
+-- name: prune_dependencies
+-- Delete the dependency edges of the given trees' finished jobs.
+DELETE FROM conveyor_dependencies WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+);
+
+-- name: prune_trees
+-- Delete the given trees' finished jobs.
+DELETE FROM conveyor_jobs
+WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+  AND status IN ('succeeded', 'failed', 'cancelled')
+RETURNING id;
 
 -- name: page_jobs_newest_first
 -- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.

@@ -40,7 +40,7 @@ ORDER BY key
 ON CONFLICT DO NOTHING
 RETURNING id, status, run_at, created_at;
 
--- name: get_job
+-- name: get
 -- One job by id.
 SELECT * FROM conveyor_jobs WHERE id = :id;
 
@@ -141,10 +141,11 @@ RETURNING id, attempt, lease_owner, started_at, parent_id;
 SELECT DISTINCT parent_id FROM conveyor_jobs
 WHERE parent_id IN (SELECT value FROM json_each(:ids));
 
--- name: upstream_among
--- Which of the given jobs other jobs depend on.
-SELECT DISTINCT depends_on_id FROM conveyor_dependencies
-WHERE depends_on_id IN (SELECT value FROM json_each(:ids));
+-- name: awaited
+-- Which of the given jobs pending jobs depend on.
+SELECT DISTINCT d.depends_on_id AS id
+FROM conveyor_dependencies AS d JOIN conveyor_jobs AS j ON j.id = d.job_id
+WHERE d.depends_on_id IN (SELECT value FROM json_each(:ids)) AND j.status = 'pending';
 
 -- name: insert_attempt
 -- Keep the record of one ended attempt.
@@ -157,7 +158,7 @@ INSERT OR REPLACE INTO conveyor_attempts (
 UPDATE conveyor_jobs SET state = :state
 WHERE id = :id AND lease_token = :token AND status = 'running';
 
--- name: expired_leases
+-- name: rescue
 -- Running jobs whose lease has expired, oldest expiry first.
 SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner
 FROM conveyor_jobs
@@ -194,43 +195,39 @@ SELECT * FROM conveyor_workers
 ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
 LIMIT 200;
 
--- name: queue_counts
--- Number of jobs per queue and status.
-SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status;
-
--- name: paused_queues
--- Every queue with a pause record.
-SELECT name, paused FROM conveyor_queues;
+-- name: queues
+-- Every queue that has jobs or a pause record, with its number of jobs per status.
+SELECT c.queue AS name, coalesce(q.paused, 0) AS paused, c.status, c.n
+FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status) AS c
+LEFT JOIN conveyor_queues AS q ON q.name = c.queue
+UNION ALL
+SELECT q.name, q.paused, NULL, NULL FROM conveyor_queues AS q
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.queue = q.name);
 
 -- name: set_paused
 -- Pause or resume claiming from a queue.
 INSERT INTO conveyor_queues (name, paused, paused_at) VALUES (:name, :paused, :now)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, paused_at = excluded.paused_at;
 
--- name: list_jobs
--- Jobs matching optional filters, newest first, keyset-paginated on id.
-SELECT * FROM conveyor_jobs
-WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
-  AND (:type IS NULL OR type = :type)
-  AND (:queue IS NULL OR queue = :queue)
-  AND (:tenant IS NULL OR tenant = :tenant)
-  AND (:parent_id IS NULL OR parent_id = :parent_id)
-  AND (:root_id IS NULL OR root_id = :root_id)
-  AND (:before_id IS NULL OR id < :before_id)
-ORDER BY id DESC
-LIMIT :limit;
-
 -- name: get_many
 -- Jobs by id.
 SELECT * FROM conveyor_jobs WHERE id IN (SELECT value FROM json_each(:ids));
 
--- name: insert_dependency
--- Record that a job waits for another.
-INSERT OR IGNORE INTO conveyor_dependencies (job_id, depends_on_id) VALUES (:job_id, :depends_on_id);
+-- name: insert_dependencies
+-- Record that a job waits for others (:ids, a JSON array).
+INSERT OR IGNORE INTO conveyor_dependencies (job_id, depends_on_id)
+SELECT :job_id, value FROM json_each(:ids);
 
 -- name: children_counts
--- How many children of a job are in each status.
-SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :id GROUP BY status;
+-- How many children of each of these jobs are in each status.
+SELECT parent_id, status, count(*) AS n FROM conveyor_jobs
+WHERE parent_id IN (SELECT value FROM json_each(:ids))
+GROUP BY parent_id, status;
+
+-- name: lock_children
+-- Serialise decisions about these parents' children. SQLite: no statement is needed,
+-- BEGIN IMMEDIATE already holds the write lock; this selects nothing.
+SELECT NULL WHERE false;
 
 -- name: finish_waiting
 -- End a waiting parent once its last child has ended.
@@ -245,7 +242,8 @@ WHERE d.depends_on_id = :id AND j.status = 'pending';
 
 -- name: unmet_dependencies
 -- How many of a job's dependencies have not succeeded.
-SELECT count(*) FROM conveyor_dependencies AS d JOIN conveyor_jobs AS j ON j.id = d.depends_on_id
+SELECT count(*) AS n FROM conveyor_dependencies AS d
+JOIN conveyor_jobs AS j ON j.id = d.depends_on_id
 WHERE d.job_id = :id AND j.status <> 'succeeded';
 
 -- name: release_pending
@@ -332,15 +330,20 @@ GROUP BY type, concurrency_key;
 
 -- name: forget_rate_window
 -- Drop starts that have left a type's rate window.
-DELETE FROM conveyor_rate_window WHERE type = :type AND at <= :since;
+DELETE FROM conveyor_rate_window WHERE type = :type AND at <= :now - :window;
 
 -- name: rate_window_count
 -- Starts of a type inside its rate window.
-SELECT count(*) FROM conveyor_rate_window WHERE type = :type AND at > :since;
+SELECT count(*) AS n FROM conveyor_rate_window WHERE type = :type AND at > :now - :window;
 
--- name: record_rate_start
--- Remember a start of a rate-limited type.
-INSERT INTO conveyor_rate_window (type, at) VALUES (:type, :now);
+-- name: lock_limited_types
+-- Lock each limited type's claims until the transaction ends; returns the types locked.
+-- SQLite: BEGIN IMMEDIATE already serialises every claim, so every type is locked.
+SELECT DISTINCT value AS type FROM json_each(:types);
+
+-- name: record_rate_starts
+-- Remember the starts of rate-limited types (:types, one entry per start).
+INSERT INTO conveyor_rate_window (type, at) SELECT value, :now FROM json_each(:types);
 
 -- name: upsert_schedule
 -- Create a schedule or update its definition; a changed cron or timezone restarts its ticks.
@@ -365,8 +368,8 @@ ON CONFLICT (name) DO UPDATE SET
     updated_at = excluded.updated_at;
 
 -- name: due_schedules
--- Enabled schedules whose next tick has come.
-SELECT * FROM conveyor_schedules
+-- Enabled schedules whose next tick has come, with the time they were read at.
+SELECT *, :now AS read_at FROM conveyor_schedules
 WHERE enabled = 1 AND next_run_at <= :now
 ORDER BY next_run_at
 LIMIT :limit;
@@ -374,7 +377,8 @@ LIMIT :limit;
 -- name: advance_schedule
 -- Move a schedule to its next tick, only if no other worker did it first.
 UPDATE conveyor_schedules SET next_run_at = :next_run_at, last_run_at = :last_run_at
-WHERE name = :name AND next_run_at = :expected;
+WHERE name = :name AND next_run_at = :expected
+RETURNING name;
 
 -- name: schedules
 -- Every schedule, by name.
@@ -394,6 +398,10 @@ WHERE name = :name
 RETURNING *;
 
 -- name: get_lease
+-- A named lease's current row (BEGIN IMMEDIATE already holds the write lock).
+SELECT * FROM conveyor_leases WHERE name = :name;
+
+-- name: current_lease
 -- A named lease's current row.
 SELECT * FROM conveyor_leases WHERE name = :name;
 
@@ -414,10 +422,10 @@ WHERE name = :name AND token = :token AND owner IS NOT NULL AND expires_at > :no
 RETURNING expires_at;
 
 -- name: release_lease
--- Give a named lease up, fenced by its token.
+-- Give a named lease up, fenced by its token; says when it was released.
 UPDATE conveyor_leases SET owner = NULL, expires_at = NULL
 WHERE name = :name AND token = :token AND owner IS NOT NULL
-RETURNING acquired_at;
+RETURNING acquired_at, :now AS released_at;
 
 -- name: record_lease_end
 -- Keep a past holder of a named lease.
@@ -437,9 +445,10 @@ WHERE name = :name AND token <= (
 SELECT * FROM conveyor_lease_history WHERE name = :name ORDER BY token DESC;
 
 -- name: prunable_roots
--- Finished top-level jobs older than a cutoff, of one status, for one type or all others.
+-- Finished top-level jobs older than their retention (:keep seconds), of one status, for
+-- one type or all others, with nothing unfinished below them.
 SELECT id FROM conveyor_jobs AS r
-WHERE r.parent_id IS NULL AND r.status = :status AND r.finished_at < :cutoff
+WHERE r.parent_id IS NULL AND r.status = :status AND r.finished_at < :now - :keep
   AND (:type IS NULL OR r.type = :type)
   AND r.type NOT IN (SELECT value FROM json_each(:excluded_types))
   AND NOT EXISTS (
@@ -448,7 +457,7 @@ WHERE r.parent_id IS NULL AND r.status = :status AND r.finished_at < :cutoff
   )
 LIMIT :limit;
 
--- name: delete_tree_attempts
+-- name: prune_attempts
 -- Delete the attempts of the given trees.
 DELETE FROM conveyor_attempts WHERE job_id IN (
     SELECT id FROM conveyor_jobs
@@ -456,7 +465,7 @@ DELETE FROM conveyor_attempts WHERE job_id IN (
        OR root_id IN (SELECT value FROM json_each(:roots))
 );
 
--- name: delete_tree_dependencies
+-- name: prune_dependencies
 -- Delete the dependency edges of the given trees.
 DELETE FROM conveyor_dependencies WHERE job_id IN (
     SELECT id FROM conveyor_jobs
@@ -464,11 +473,12 @@ DELETE FROM conveyor_dependencies WHERE job_id IN (
        OR root_id IN (SELECT value FROM json_each(:roots))
 );
 
--- name: delete_trees
+-- name: prune_trees
 -- Delete the given trees' jobs.
 DELETE FROM conveyor_jobs
 WHERE id IN (SELECT value FROM json_each(:roots))
-   OR root_id IN (SELECT value FROM json_each(:roots));
+   OR root_id IN (SELECT value FROM json_each(:roots))
+RETURNING id;
 
 -- name: page_jobs_newest_first
 -- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
@@ -579,3 +589,28 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: now
+-- The store's clock (the runner supplies :now: SQLite has no clock of its own to share).
+SELECT :now AS now;
+
+-- name: schema_tables
+-- The tables of the database file.
+SELECT name FROM sqlite_master WHERE type = 'table';
+
+-- name: schema_version
+-- The last migration applied.
+SELECT max(version) AS version FROM conveyor_migrations;
+
+-- name: create_migrations_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS conveyor_migrations
+(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
+
+-- name: applied_migrations
+-- The migrations applied already.
+SELECT version FROM conveyor_migrations;
+
+-- name: record_migration
+-- Record a migration as applied.
+INSERT INTO conveyor_migrations (version, name, applied_at) VALUES (:version, :name, :now);

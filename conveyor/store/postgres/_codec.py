@@ -1,0 +1,335 @@
+"""PostgreSQL's values and its submit steps.
+
+Times are timestamptz, documents jsonb and lists arrays, all passed natively; ``now`` is
+None unless the clock is pinned, and the queries then use the server's ``now()``.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar, overload
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import JsonLoader
+
+from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
+from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
+from conveyor.store._queries import load_queries
+from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
+from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
+from conveyor.store.protocol import Submitted
+
+T = TypeVar("T")
+
+Q = load_queries("conveyor.store.postgres")
+# A unique key whose holder ends between our insert and our read-back is retried; more
+# than a few rounds would mean a bug, not a race.
+_SUBMIT_ROUNDS = 5
+
+
+@overload
+def utc(value: datetime) -> datetime: ...
+@overload
+def utc(value: None) -> None: ...
+def utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    if value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC)
+
+
+_pick_job = operator.itemgetter(*JOB_COLUMNS)  # a dict row's job columns, by name
+
+
+async def fetch_jobs(
+    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+) -> list[Job]:
+    """Run a query of conveyor_jobs and read its rows as Jobs, as tuples (no dict per row)."""
+    async with conn.cursor(row_factory=tuple_row) as cursor:
+        await cursor.execute(query, params)
+        rows = await cursor.fetchall()
+        if not rows or cursor.description is None:
+            return []
+        pick = job_picker(tuple(d.name for d in cursor.description))
+        return [_job_of(*pick(row)) for row in rows]
+
+
+def job_of_row(row: Mapping[str, Any]) -> Job:
+    return _job_of(*_pick_job(row))
+
+
+def _job_of(
+    id: str, type: str, queue: str, tenant: str | None, payload: Any, status: str,
+    priority: int, attempt: int, max_attempts: int, run_at: datetime, created_at: datetime,
+    timeout: float | None, lease_seconds: float | None, backoff_base: float,
+    backoff_cap: float, progress_done: float | None, progress_total: float | None,
+    progress_message: str | None, state: JSON, result: JSON, result_ref: str | None,
+    error: str | None, parent_id: str | None, root_id: str | None,
+    depends_on: list[str] | None, unique_key: str | None, concurrency_key: str | None,
+    retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
+    lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
+    cancel_requested: bool,
+) -> Job:  # fmt: skip
+    return Job(
+        id=id,
+        type=type,
+        queue=queue,
+        tenant=tenant,
+        payload=payload,
+        status=STATUS[status],
+        priority=priority,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_at=utc(run_at),
+        created_at=utc(created_at),
+        timeout=timeout,
+        lease=lease_seconds,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        progress=None
+        if progress_done is None
+        else Progress(done=progress_done, total=progress_total, message=progress_message),
+        state=state,
+        result=result,
+        result_ref=result_ref,
+        error=error,
+        parent_id=parent_id,
+        root_id=root_id,
+        depends_on=tuple(depends_on) if depends_on else (),
+        unique_key=unique_key,
+        concurrency_key=concurrency_key,
+        retry_of=retry_of,
+        started_at=None if started_at is None else utc(started_at),
+        finished_at=None if finished_at is None else utc(finished_at),
+        lease_owner=lease_owner,
+        lease_expires_at=None if lease_expires_at is None else utc(lease_expires_at),
+        lease_token=lease_token,
+        cancel_requested=cancel_requested,
+    )
+
+
+class PostgresDialect:
+    """How the shared scripts read PostgreSQL's values and insert jobs."""
+
+    def time(self, value: datetime | None) -> datetime | None:
+        return utc(value)
+
+    def json(self, value: JSON) -> JSON:
+        return value
+
+    def strings(self, value: Any) -> tuple[str, ...]:
+        return tuple(value)
+
+    def job(self, row: Row) -> Job:
+        return job_of_row(row)
+
+    def submit(self, jobs: Sequence[NewJob]) -> Script[list[Submitted]]:
+        return submit_steps(jobs, None)
+
+
+DIALECT = PostgresDialect()
+
+
+def _submit_params(
+    jobs: Sequence[NewJob], now: datetime | None, status: Status = Status.QUEUED
+) -> dict[str, Any]:
+    return {
+        "now": now,
+        "status": status.value,
+        "jobs": json.dumps(
+            [
+                {
+                    "id": j.id,
+                    "type": j.type,
+                    "queue": j.queue,
+                    "tenant": j.tenant,
+                    "payload": json.dumps(j.payload, separators=(",", ":")),
+                    "priority": j.priority,
+                    "max_attempts": j.max_attempts,
+                    "run_at": None if j.run_at is None else utc(j.run_at).isoformat(),
+                    "delay": j.delay,
+                    "timeout": j.timeout,
+                    "lease_seconds": j.lease,
+                    "backoff_base": j.backoff_base,
+                    "backoff_cap": j.backoff_cap,
+                    "state": dumps(j.state),
+                    "parent_id": j.parent_id,
+                    "root_id": j.root_id,
+                    "depends_on": list(j.depends_on) if j.depends_on else None,
+                    "unique_key": j.unique_key,
+                    "concurrency_key": j.concurrency_key,
+                    "retry_of": j.retry_of,
+                }
+                for j in jobs
+            ],
+            separators=(",", ":"),
+            allow_nan=False,
+        ),
+    }
+
+
+def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Submitted]]:
+    """Yield a submit's statements, receive their rows, and return what was submitted.
+
+    A generator, so that the same steps run on conveyor's pool, on an application's
+    async connection and on its sync one; the caller runs them in one transaction. Runs
+    of jobs without dependencies are inserted with one statement each; a job with
+    dependencies on its own, in batch order, so it may depend on jobs before it. Every
+    statement returns rows, which the drivers fetch.
+    """
+    results: list[Submitted] = []
+    start = 0
+    while start < len(jobs):
+        if jobs[start].depends_on:
+            results.append((yield from _insert_dependent(jobs[start], now)))
+            start += 1
+            continue
+        end = start
+        while end < len(jobs) and not jobs[end].depends_on:
+            end += 1
+        results.extend((yield from _insert_batch(jobs[start:end], now, Status.QUEUED)))
+        start = end
+    return results
+
+
+def _insert_batch(
+    jobs: Sequence[NewJob], now: datetime | None, status: Status
+) -> Script[list[Submitted]]:
+    """Insert jobs with one statement; an existing id or active unique key returns its job."""
+    results: dict[int, Submitted] = {}
+    pending = list(range(len(jobs)))
+    for _ in range(_SUBMIT_ROUNDS):
+        inserted = yield "submit", _submit_params([jobs[i] for i in pending], now, status)
+        created = {row["id"]: row for row in inserted}
+        missing = []
+        for i in pending:
+            # pop: when an id repeats within the batch, only its first job is created.
+            row = created.pop(jobs[i].id, None)
+            if row is not None:
+                stored = jobs[i].stored(
+                    STATUS[row["status"]], utc(row["run_at"]), utc(row["created_at"])
+                )
+                results[i] = Submitted(stored, created=True)
+            else:
+                missing.append(i)
+        if not missing:
+            break
+        existing = yield (
+            "existing_jobs",
+            {
+                "ids": [jobs[i].id for i in missing],
+                "unique_keys": [jobs[i].unique_key for i in missing if jobs[i].unique_key],
+            },
+        )
+        by_id = {row["id"]: row for row in existing}
+        by_key = {
+            row["unique_key"]: row
+            for row in existing
+            if row["unique_key"] is not None and Status(row["status"]) in ACTIVE
+        }
+        pending = []
+        for i in missing:
+            new = jobs[i]
+            found = by_id.get(new.id)
+            if found is None and new.unique_key is not None:
+                found = by_key.get(new.unique_key)
+            if found is None:
+                pending.append(i)  # its key's holder ended meanwhile: insert it again
+            else:
+                results[i] = Submitted(job_of_row(found), created=False)
+        if not pending:
+            break
+    else:
+        raise RuntimeError(f"jobs {[jobs[i].id for i in pending]} were neither inserted nor found")
+    return [results[i] for i in range(len(jobs))]
+
+
+def _insert_dependent(job: NewJob, now: datetime | None) -> Script[Submitted]:
+    """Insert a job with dependencies: pending, queued when all succeeded, or cancelled."""
+    rows = yield "lock_dependencies", {"ids": list(job.depends_on)}
+    found = {row["id"]: Status(row["status"]) for row in rows}
+    check_dependencies(job, found)
+    done = all(status is Status.SUCCEEDED for status in found.values())
+    (submitted,) = yield from _insert_batch([job], now, Status.QUEUED if done else Status.PENDING)
+    if not submitted.created:
+        return submitted
+    yield "insert_dependencies", {"job_id": job.id, "ids": list(dict.fromkeys(job.depends_on))}
+    blocked_by = next((d for d in job.depends_on if dependency_event(found[d]) is not None), None)
+    if blocked_by is None:
+        return submitted
+    reason = f"dependency {blocked_by} {found[blocked_by].value}"
+    yield "cancel_pending", {"id": job.id, "reason": reason, "now": now}
+    (row,) = yield "get", {"id": job.id}
+    return Submitted(job_of_row(row), created=True)
+
+
+def _standard_loaders(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> None:
+    """Read json and timestamptz the standard way on an application's connection.
+
+    Frameworks register their own loaders (Django reads json as text, and timestamps
+    naive when USE_TZ is off); the cursor's own adapters override them for our rows only.
+    """
+    cursor.adapters.register_loader("json", JsonLoader)
+    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+
+
+async def run_steps(conn: psycopg.AsyncConnection[Any], steps: Script[T]) -> T:
+    """Run submit steps on an async connection, in whatever transaction it is in."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        _standard_loaders(cursor)
+        try:
+            step = next(steps)
+            while True:
+                await cursor.execute(Q[step[0]], step[1])
+                step = steps.send(await cursor.fetchall())
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+
+def run_steps_sync(conn: psycopg.Connection[Any], steps: Script[T]) -> T:
+    """Run submit steps on an application's blocking connection, in a transaction."""
+
+    def execute(name: str, params: dict[str, Any]) -> list[Any]:
+        cursor.execute(Q[name], params)
+        return cursor.fetchall()
+
+    with conn.cursor(row_factory=dict_row) as cursor:
+        _standard_loaders(cursor)
+        if conn.autocommit:
+            with conn.transaction():
+                return drive(steps, execute)
+        return drive(steps, execute)
+
+
+def as_float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def settle_params(
+    settlements: Sequence[Settlement], now: datetime | None, decided: bool
+) -> dict[str, Any]:
+    return {
+        "now": now,
+        "decided": decided,
+        "ids": [s.job_id for s in settlements],
+        "tokens": [s.token for s in settlements],
+        "statuses": [s.status.value for s in settlements],
+        "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
+        "results": [dumps(s.result) for s in settlements],
+        "result_refs": [s.result_ref for s in settlements],
+        "errors": [s.error for s in settlements],
+        "tracebacks": [s.traceback for s in settlements],
+        "retry_delays": [float(s.retry_delay) for s in settlements],
+        "done": [float(s.progress.done) if s.progress else None for s in settlements],
+        "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
+        "message": [s.progress.message if s.progress else None for s in settlements],
+    }

@@ -1,0 +1,116 @@
+"""Connecting to PostgreSQL: URL parsing, error messages that say what to do, quiet pools."""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from conveyor.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from conveyor.store.postgres.backend import PostgresStore
+
+log = logging.getLogger("conveyor.store.postgres")
+
+# psycopg_pool logs a warning for every connection it discards and every reconnection
+# attempt: a restart of the server would flood each worker's log. For conveyor's own
+# pools, the store logs the outage once instead (PostgresStore._connect_failed).
+QUIET_POOLS: weakref.WeakValueDictionary[str, PostgresStore] = weakref.WeakValueDictionary()
+OUR_CONNECTIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class _PoolNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == "error connecting in %r: %s" and len(args) == 2:
+            store = QUIET_POOLS.get(str(args[0]))
+            if store is not None:
+                store._connect_failed(reason(args[1]) if isinstance(args[1], Exception) else "")
+                return False
+        if str(record.msg).startswith("discarding ") and args:
+            try:
+                return args[0] not in OUR_CONNECTIONS
+            except TypeError:
+                return True
+        return True
+
+
+logging.getLogger("psycopg.pool").addFilter(_PoolNoise())
+
+# Connection settings applied unless the URL sets them: fail fast when the server is
+# unreachable, and notice a silently dead peer (a network partition) within ~30s.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "application_name": "conveyor",
+}
+
+
+def redact(url: str) -> str:
+    """Hide the password of a URL.
+
+    >>> redact("postgresql://app:s3cret@db:5432/jobs")
+    'postgresql://app:***@db:5432/jobs'
+    """
+    return re.sub(r"(//[^/@:]*:)[^@/]*@", r"\1***@", url)
+
+
+def parse_postgres_url(url: str) -> dict[str, str]:
+    """Return the connection parameters of a ``postgresql://`` URL, or raise ConfigurationError.
+
+    >>> parse_postgres_url("postgresql://app@db.internal:6432/jobs")["port"]
+    '6432'
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be parsed"
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {redact(url)!r} ({reason}): write "
+            "postgresql://user:password@host:5432/dbname"
+        ) from None
+    for port in str(params.get("port", "5432")).split(","):
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(
+                f"malformed PostgreSQL URL {redact(url)!r}: port {port!r} is not a number "
+                "from 1 to 65535"
+            )
+    return {k: str(v) for k, v in params.items()}
+
+
+def describe(params: Mapping[str, str]) -> str:
+    host = params.get("host") or params.get("hostaddr") or "localhost (default socket)"
+    port = params.get("port", "5432")
+    database = params.get("dbname") or params.get("user") or "(default)"
+    user = params.get("user") or "(current user)"
+    return f"PostgreSQL at {host}:{port} (database {database!r}, user {user!r})"
+
+
+def reason(exc: BaseException) -> str:
+    """The server's or libpq's reason for a failure, on one line."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = re.sub(r"^connection failed: ", "", lines[0])
+    first = re.sub(r'^connection to server (at|on) "[^"]*"(, port \d+)? failed: ', "", first)
+    return re.sub(r"^(FATAL|ERROR):\s+", "", first)
+
+
+def advice(reason: str) -> str:
+    """What to do about a failed connection, from libpq's reason."""
+    if re.search(r'database "[^"]*" does not exist', reason):
+        return "Create the database (createdb NAME) or fix its name in the URL"
+    if "password" in reason or re.search(r'role "[^"]*" does not exist', reason):
+        return "Check the user and password in the URL"
+    return (
+        "Check that the server is running and reachable from this machine, and the host "
+        "and port in the URL (CONVEYOR_DATABASE_URL)"
+    )
