@@ -1,13 +1,21 @@
 """What the ``conveyor`` command prints: rich tables of jobs, schedules, tokens, queues
-and workers, one job in detail, and a live progress bar while following a job."""
+and workers, one job in detail, and a live progress bar while following a job; and the
+same things as JSON documents for ``--json``.
+
+On a terminal the tables fit its width. Anywhere else (a pipe, a file, CI logs) lines are
+never wrapped, so ids and messages stay whole on one line for grep and log shippers.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -26,8 +34,61 @@ from conveyor.core.model import Attempt, Job
 from conveyor.core.model import Progress as ProgressRecord
 from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
 
-console = Console()
-err_console = Console(stderr=True)
+# Wide enough that nothing wraps; rich sizes tables to their content, not to this.
+_UNWRAPPED = 100_000
+
+
+def _console(stream: TextIO, *, stderr: bool) -> Console:
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True)
+
+
+console = _console(sys.stdout, stderr=False)
+err_console = _console(sys.stderr, stderr=True)
+
+
+def jsonable(value: Any, *, omit: frozenset[str] = frozenset()) -> Any:
+    """Turn records (dataclasses), enums, datetimes, tuples and mappings into JSON values.
+
+    ``omit`` names dataclass fields left out (a lease token, a secret's hash).
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: jsonable(getattr(value, f.name), omit=omit)
+            for f in dataclasses.fields(value)
+            if f.name not in omit
+        }
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, omit=omit) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v, omit=omit) for v in value]
+    return value
+
+
+def print_json(document: Any) -> None:
+    """Write one JSON document on stdout (plain text: no markup, colour or wrapping)."""
+    sys.stdout.write(json.dumps(jsonable(document), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+# A job's fields that belong to the worker holding it, not to a reader.
+_JOB_INTERNALS = frozenset({"lease_token", "lease_owner", "lease_expires_at"})
+
+
+def job_document(job: Job, attempts: Sequence[Attempt] | None = None) -> dict[str, Any]:
+    """A job as ``--json`` prints it: its fields, its status as the tables show it
+    (``shown_status``: scheduled, retrying...) and, if given, its attempts."""
+    document: dict[str, Any] = jsonable(job, omit=_JOB_INTERNALS)
+    document["shown_status"] = status_text(job)
+    if attempts is not None:
+        document["attempts"] = jsonable(list(attempts))
+    return document
+
 
 STATUS_STYLE = {
     "pending": "magenta",
@@ -118,21 +179,32 @@ def _job_rows(r: Job) -> list[tuple[str, str]]:
         rows.append(("progress", f"{bar}{p.done:g}/{p.total or 0:g} {p.message or ''}"))
     if r.state is not None:
         rows.append(("state", json.dumps(r.state)))
-    if r.status is Status.SUCCEEDED:
+    if r.status is Status.SUCCEEDED or r.result is not None:
         rows.append(("result", json.dumps(r.result)))
     if r.error:
         rows.append(("error", r.error))
     return rows
 
 
-def print_job(job: ShownJob, attempts: list[Attempt] | None) -> None:
-    """Print one job's fields, then its attempts (if given)."""
+def print_job(
+    job: ShownJob,
+    attempts: list[Attempt] | None,
+    *,
+    tracebacks: bool = False,
+    note: str | None = None,
+) -> None:
+    """Print one job's fields, then its attempts (if given) and their tracebacks (if asked).
+
+    ``note`` is a hint printed under the fields, e.g. that no worker is live.
+    """
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in _job_rows(job.record):
         table.add_row(key, value)
     console.print(table)
+    if note:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     if attempts:
         history = Table(title="attempts", title_justify="left")
         for column in ("#", "worker", "started", "finished", "outcome", "error"):
@@ -147,6 +219,13 @@ def print_job(job: ShownJob, attempts: list[Attempt] | None) -> None:
                 (a.error or "")[:100],
             )
         console.print(history)
+    if tracebacks:
+        shown = [a for a in attempts or () if a.traceback]
+        if not shown:
+            console.print("no attempt recorded a traceback", highlight=False)
+        for a in shown:
+            console.print(f"[bold]traceback of attempt {a.number}[/] ({a.outcome.value}):")
+            console.print(a.traceback, markup=False, highlight=False)
 
 
 async def follow(job: ShownJob, timeout: float | None) -> bool:
@@ -231,18 +310,32 @@ def queues_table(queues: Sequence[QueueInfo]) -> Table:
     return table
 
 
-def workers_table(workers: Sequence[WorkerInfo]) -> Table:
+_WORKER_STATE_STYLE = {"live": "green", "dead": "red", "stopped": "bright_black"}
+
+
+def workers_table(workers: Sequence[WorkerInfo], now: datetime) -> Table:
+    """Workers with their state judged at ``now`` (the database's time) by their own lease."""
     table = Table(title="workers", title_justify="left")
-    for column in ("id", "host", "pid", "queues", "concurrency", "last heartbeat", "state"):
+    for column in ("id", "host", "pid", "queues", "concurrency", "lease", "last heartbeat"):
         table.add_column(column)
+    table.add_column("state")
     for w in workers:
+        state = w.state(now)
         table.add_row(
             w.id,
             w.hostname,
             str(w.pid),
             ",".join(w.queues),
             str(w.concurrency),
+            f"{w.lease:g}s",
             w.heartbeat_at.isoformat() if w.heartbeat_at else "",
-            "stopped" if w.stopped_at else "running",
+            f"[{_WORKER_STATE_STYLE[state]}]{state}[/]",
         )
     return table
+
+
+def worker_document(w: WorkerInfo, now: datetime) -> dict[str, Any]:
+    """A worker as ``status --json`` prints it, with its state judged at ``now``."""
+    document: dict[str, Any] = jsonable(w)
+    document["state"] = w.state(now)
+    return document

@@ -63,15 +63,7 @@ async def run_in_child(
     ``cancel_grace`` seconds for it to stop, then terminates it (SIGTERM) and, after a
     further grace, kills it (SIGKILL).
     """
-    module, qualname = importable_name(job_type.fn, job_type.name)
-    mp = multiprocessing.get_context("spawn")
-    parent_end, child_end = mp.Pipe()
-    process = mp.Process(
-        target=_child_main,
-        args=(module, qualname, job, child_end),
-        name=f"conveyor-job-{job.id}",
-        daemon=True,
-    )
+    process, parent_end, child_end = _child_process(job_type, job)
     loop = asyncio.get_running_loop()
     outcome: asyncio.Future[tuple[str, Any]] = loop.create_future()
     pending: set[asyncio.Task[None]] = set()
@@ -126,6 +118,22 @@ async def run_in_child(
         await loop.run_in_executor(None, process.join, 5)
         parent_end.close()
     return _outcome(kind, detail, process.exitcode)
+
+
+def _child_process(
+    job_type: JobType, job: Job
+) -> tuple[multiprocessing.process.BaseProcess, Connection, Connection]:
+    """A child process (not started yet) to run ``job``, and the two ends of its pipe."""
+    module, qualname = importable_name(job_type.fn, job_type.name)
+    mp = multiprocessing.get_context("spawn")
+    parent_end, child_end = mp.Pipe()
+    process = mp.Process(
+        target=_child_main,
+        args=(module, qualname, job, child_end),
+        name=f"conveyor-job-{job.id}",
+        daemon=True,
+    )
+    return process, parent_end, child_end
 
 
 def _outcome(kind: str, detail: Any, exitcode: int | None) -> JSON:

@@ -6,21 +6,28 @@ Settings come from flags, then ``CONVEYOR_*`` environment variables (``CONVEYOR_
 
 Exit codes: 0 success; 1 the job ended failed or cancelled (``submit --wait``) or a
 job action was refused; 2 usage or configuration error; 3 job not found; 4 database
-unavailable.
+unavailable; 130 interrupted (Ctrl-C) while waiting for a job, which keeps running.
+
+Read commands take ``--json`` for scripts. Durations are written as the Python API takes
+them: ``30`` (seconds), ``500ms``, ``2s``, ``15m``, ``1h30m``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import importlib
+import importlib.util
 import inspect
 import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -28,21 +35,28 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import click
 from rich.live import Live
 from rich.logging import RichHandler
+from rich.text import Text
 
 from conveyor._console import (
     ShownJob,
     console,
     err_console,
     follow,
+    job_document,
     jobs_table,
+    jsonable,
     print_job,
+    print_json,
     queues_table,
     schedules_table,
+    status_text,
     tokens_table,
+    worker_document,
     workers_table,
 )
-from conveyor.client import Conveyor
+from conveyor.client import Conveyor, Health
 from conveyor.core.durations import seconds
+from conveyor.core.health import no_live_worker
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt
 from conveyor.errors import (
@@ -58,7 +72,7 @@ from conveyor.errors import (
     UnknownJobType,
 )
 from conveyor.remote import RemoteClient
-from conveyor.store import Retention
+from conveyor.store import Retention, sqlite_path
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -67,10 +81,36 @@ EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130
+
+# The status words the tables print that are not stored statuses: a queued job due later.
+SHOWN_STATUSES = ("scheduled", "retrying")
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration as the Python API takes it: seconds, or ``500ms``, ``2s``, ``15m``, ``1h30m``."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            return seconds(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+# Where the database URL came from, so that messages name what the user typed.
+_url_source = {"flag": False}
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    if _url_source["flag"]:
+        message = message.replace("CONVEYOR_DATABASE_URL", "--database-url")
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
     sys.exit(code)
 
 
@@ -105,33 +145,76 @@ def load_app(spec: str) -> Conveyor:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
+        found = importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError as exc:  # a parent package is missing...
+        found = not module_name.startswith(exc.name or "")
+    except Exception:  # ...or found, and its own import fails: shown below
+        found = True
+    if not found:
         raise click.BadParameter(
-            f"cannot import module {module_name!r} ({exc}); run from the folder that "
-            "contains it or add it to PYTHONPATH",
+            f"cannot find module {module_name!r}; run from the folder that contains it "
+            "or add it to PYTHONPATH",
             param_hint="APP",
-        ) from None
+        )
+    try:
+        module = importlib.import_module(module_name)
     except ConveyorError as exc:
         _fail(f"importing {module_name!r} failed: {exc}", EXIT_USAGE)
+    except Exception as exc:
+        # The module exists; its own code (or a dependency it imports) failed.
+        err_console.print(
+            "".join(traceback.format_exception(exc)), markup=False, highlight=False, end=""
+        )
+        _fail(
+            f"module {module_name!r} was found but importing it failed: "
+            f"{type(exc).__name__}: {exc} (traceback above)",
+            EXIT_USAGE,
+        )
     app = getattr(module, attribute, None)
     if not isinstance(app, Conveyor):
+        instances = sorted(k for k, v in vars(module).items() if isinstance(v, Conveyor))
+        there = ", ".join(instances) if instances else "none"
+        what = (
+            f"has no attribute {attribute!r}"
+            if not hasattr(module, attribute)
+            else f"has {attribute!r}, a {type(app).__name__}, not a conveyor.Conveyor"
+        )
         raise click.BadParameter(
-            f"{spec!r} is {type(app).__name__}, not a conveyor.Conveyor", param_hint="APP"
+            f"module {module_name!r} {what} (Conveyor instances there: {there})",
+            param_hint="APP",
         )
     return app
 
 
-def _app_from(app_spec: str | None, database_url: str | None) -> Conveyor:
+def _app_from(
+    app_spec: str | None, database_url: str | None, *, must_exist: bool = False
+) -> Conveyor:
+    """The application given --app (on --database-url if given), else one on the URL alone.
+
+    ``must_exist``: a read command on a SQLite file that does not exist says so and
+    creates nothing (a typo in a path would otherwise show an empty new database).
+    """
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("database_url") if ctx is not None else None
+    _url_source["flag"] = bool(database_url) and source is click.core.ParameterSource.COMMANDLINE
     try:
         if app_spec:
             app = load_app(app_spec)
             if database_url:
                 app.use_database(database_url)
-            return app
-        return Conveyor(database_url)
+        else:
+            app = Conveyor(database_url)
+        path = sqlite_path(app.url) if must_exist else None
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
+    if path is not None and not os.path.exists(path):
+        _fail(
+            f"no database at {os.path.abspath(path)} ({app.url}): check the path in "
+            "CONVEYOR_DATABASE_URL; nothing was created. A new database is made by "
+            "`conveyor migrate` or by the first worker",
+            EXIT_USAGE,
+        )
+    return app
 
 
 _app_option = click.option(
@@ -157,6 +240,10 @@ _token_option = click.option(
 )
 
 
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."
+)
+
 _url_option = click.option(
     "--database-url",
     envvar="CONVEYOR_DATABASE_URL",
@@ -178,14 +265,23 @@ def main(log_level: str) -> None:
     """conveyor: durable background jobs on SQLite and PostgreSQL.
 
     Exit codes: 0 success, 1 job failed or action refused, 2 usage or configuration
-    error, 3 job not found, 4 database unavailable.
+    error, 3 job not found, 4 database unavailable, 130 interrupted while waiting.
+
+    Read commands take --json. Durations: 30 (seconds), 500ms, 2s, 15m, 1h30m. Shell
+    completion: eval "$(_CONVEYOR_COMPLETE=bash_source conveyor)" (or zsh_source,
+    fish_source) in your shell's start-up file.
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
-    )
+    handler: logging.Handler
+    if err_console.is_terminal:
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
+        fmt, datefmt = "%(message)s", "[%X]"
+    else:
+        # Plain single lines for files, pipes and log shippers: never wrapped or padded.
+        handler = logging.StreamHandler(sys.stderr)
+        fmt, datefmt = "%(asctime)s %(levelname)s %(name)s %(message)s", None
+    logging.basicConfig(level=log_level.upper(), format=fmt, datefmt=datefmt, handlers=[handler])
+    # httpx logs every request at INFO; a command acting through --url prints its own result.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 # -- worker ----------------------------------------------------------------------------
@@ -201,42 +297,54 @@ def main(log_level: str) -> None:
     default=None,
     help="Comma-separated queues (default: those of the app's job types).",
 )
-@click.option("--lease", default=30.0, show_default=True, help="Lease length in seconds.")
+@click.option(
+    "--lease",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Lease length (e.g. 30s, 2m): a job whose worker is silent this long is rescued.",
+)
 @click.option(
     "--grace",
-    default=30.0,
+    type=DURATION,
+    default="30s",
     show_default=True,
-    help="Seconds running jobs get to finish on SIGTERM.",
+    help="Time running jobs get to finish on SIGTERM.",
 )
 @click.option(
     "--cancel-grace",
-    default=5.0,
+    type=DURATION,
+    default="5s",
     show_default=True,
-    help="Seconds a cancelled handler gets before it is abandoned.",
+    help="Time a cancelled handler gets before it is abandoned.",
 )
 @click.option(
     "--poll-interval",
-    default=1.0,
+    type=DURATION,
+    default="1s",
     show_default=True,
-    help="Seconds between polls when no wake-up arrives.",
+    help="Time between polls when no wake-up arrives.",
 )
 @click.option(
     "--rescue-interval",
-    default=5.0,
+    type=DURATION,
+    default="5s",
     show_default=True,
-    help="Seconds between rescues of expired leases.",
+    help="Time between rescues of expired leases.",
 )
 @click.option(
     "--cron-interval",
-    default=1.0,
+    type=DURATION,
+    default="1s",
     show_default=True,
-    help="Seconds between checks for due schedule ticks.",
+    help="Time between checks for due schedule ticks.",
 )
 @click.option(
     "--prune-interval",
-    default=60.0,
+    type=DURATION,
+    default="60s",
     show_default=True,
-    help="Seconds between prunes of finished jobs past their retention.",
+    help="Time between prunes of finished jobs past their retention.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 def worker(
@@ -310,16 +418,20 @@ def schedules() -> None:
 @schedules.command("list")
 @_app_option
 @_url_option
-def schedules_list(app_spec: str | None, database_url: str | None) -> None:
+@_json_option
+def schedules_list(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
     """List schedules with their next tick (declared ones are synced first, given --app)."""
-    app = _app_from(app_spec, database_url)
+    app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> list[Any]:
         await app.sync_schedules()
         return await app.list_schedules()
 
     found = _run(go())
-    console.print(schedules_table(found))
+    if as_json:
+        print_json({"schedules": found})
+    else:
+        console.print(schedules_table(found))
 
 
 @schedules.command("run")
@@ -358,27 +470,26 @@ def schedules_disable(name: str, app_spec: str | None, database_url: str | None)
 @main.command()
 @_app_option
 @_url_option
-@click.option("--succeeded", default="1d", show_default=True, help="Keep succeeded jobs this long.")
-@click.option("--failed", default="7d", show_default=True, help="Keep failed jobs this long.")
-@click.option("--cancelled", default="7d", show_default=True, help="Keep cancelled jobs this long.")
+@click.option(
+    "--succeeded", type=DURATION, default="1d", show_default=True, help="Keep succeeded jobs."
+)
+@click.option("--failed", type=DURATION, default="7d", show_default=True, help="Keep failed jobs.")
+@click.option(
+    "--cancelled", type=DURATION, default="7d", show_default=True, help="Keep cancelled jobs."
+)
 def prune(
     app_spec: str | None,
     database_url: str | None,
-    succeeded: str,
-    failed: str,
-    cancelled: str,
+    succeeded: float,
+    failed: float,
+    cancelled: float,
 ) -> None:
     """Delete finished job trees older than their retention, in small batches.
 
     Job types' own retention (given --app) overrides these for their jobs.
     """
-    app = _app_from(app_spec, database_url)
-    try:
-        policy = Retention(
-            succeeded=seconds(succeeded), failed=seconds(failed), cancelled=seconds(cancelled)
-        )
-    except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+    app = _app_from(app_spec, database_url, must_exist=True)
+    policy = Retention(succeeded=succeeded, failed=failed, cancelled=cancelled)
     deleted = _run(app.prune(policy))
     console.print(f"pruned {deleted} finished job(s)")
 
@@ -443,7 +554,11 @@ class Target:
     jobs: JobsTarget
     close: Callable[[], Awaitable[None]]
     remote: bool
-    has_app: bool
+    app_spec: str | None
+
+    @property
+    def has_app(self) -> bool:
+        return bool(self.app_spec)
 
     @classmethod
     def choose(
@@ -452,6 +567,8 @@ class Target:
         database_url: str | None,
         server_url: str | None,
         token: str | None,
+        *,
+        must_exist: bool = True,
     ) -> Target:
         """A server's API given --url (its token from --token), else the database."""
         if server_url:
@@ -459,9 +576,24 @@ class Target:
                 client = RemoteClient(server_url, token)
             except ConfigurationError as exc:
                 _fail(str(exc), EXIT_USAGE)
-            return cls(client, client.close, remote=True, has_app=bool(app_spec))
-        app = _app_from(app_spec, database_url)
-        return cls(app, app.close, remote=False, has_app=bool(app_spec))
+            return cls(client, client.close, remote=True, app_spec=app_spec)
+        app = _app_from(app_spec, database_url, must_exist=must_exist)
+        return cls(app, app.close, remote=False, app_spec=app_spec)
+
+    async def no_worker_hint(self) -> str | None:
+        """Say so when no worker is live to run a queued job (None when one is)."""
+        if isinstance(self.jobs, Conveyor):
+            return _hint(await self.jobs.health(), self.app_spec)
+        if isinstance(self.jobs, RemoteClient):
+            ready = await self.jobs.health()
+            if ready.get("live_workers"):
+                return None
+            return no_live_worker(
+                workers=int(ready.get("workers") or 0),
+                heartbeat_age=ready.get("heartbeat_age"),
+                app=self.app_spec,
+            )
+        return None
 
     def run(self, action: Callable[[JobsTarget], Awaitable[T]]) -> T:
         """Run ``action`` on the target, then close it; conveyor's errors become exit codes."""
@@ -475,25 +607,44 @@ class Target:
         return _run(go())
 
 
-def _jobs_target(command: Callable[..., None]) -> Callable[..., None]:
+def _jobs_target(
+    command: Callable[..., None] | None = None, *, creates: bool = False
+) -> Callable[..., Any]:
     """Give a job command the --app/--database-url and --url/--token options, resolved
-    once into its ``target`` argument."""
+    once into its ``target`` argument. Unless ``creates``, a SQLite file must exist."""
 
-    @functools.wraps(command)
-    def with_target(
-        *args: Any,
-        app_spec: str | None,
-        database_url: str | None,
-        server_url: str | None,
-        token: str | None,
-        **kwargs: Any,
-    ) -> None:
-        target = Target.choose(app_spec, database_url, server_url, token)
-        command(*args, target=target, **kwargs)
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def with_target(
+            *args: Any,
+            app_spec: str | None,
+            database_url: str | None,
+            server_url: str | None,
+            token: str | None,
+            **kwargs: Any,
+        ) -> None:
+            target = Target.choose(
+                app_spec, database_url, server_url, token, must_exist=not creates
+            )
+            command(*args, target=target, **kwargs)
 
-    for option in (_token_option, _server_option, _url_option, _app_option):
-        with_target = option(with_target)
-    return with_target
+        for option in (_token_option, _server_option, _url_option, _app_option):
+            with_target = option(with_target)
+        return with_target
+
+    return decorate(command) if command is not None else decorate
+
+
+def _interrupted(job_id: str | None, status: str | None) -> NoReturn:
+    """Ctrl-C while waiting: the job is not touched; say how to follow or cancel it."""
+    if job_id is None:
+        _fail("interrupted", EXIT_INTERRUPTED)
+    _fail(
+        f"stopped waiting; job {job_id} is still {status or 'there'} and keeps going. "
+        f"Follow it with `conveyor jobs show {job_id} --follow`, cancel it with "
+        f"`conveyor jobs cancel {job_id}`",
+        EXIT_INTERRUPTED,
+    )
 
 
 # -- submit ----------------------------------------------------------------------------
@@ -522,16 +673,16 @@ def _parse_payload(text: str) -> dict[str, Any]:
 @click.option("--id", "job_id", default=None, help="Client id (idempotent).")
 @click.option("--queue", default=None, help="Queue (default: the type's).")
 @click.option("--priority", type=int, default=None, help="Lower runs first.")
-@click.option("--delay", default=None, help="Run after a delay such as 30s or 5m.")
+@click.option("--delay", type=DURATION, default=None, help="Run after a delay such as 30s or 5m.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end, with a progress bar.")
 @click.option(
     "--timeout",
     "wait_timeout",
-    type=float,
+    type=DURATION,
     default=None,
-    help="With --wait: give up after this many seconds.",
+    help="With --wait: give up after this long (e.g. 90s, 15m).",
 )
-@_jobs_target
+@_jobs_target(creates=True)
 def submit(
     target: Target,
     job_type: str,
@@ -539,13 +690,14 @@ def submit(
     job_id: str | None,
     queue: str | None,
     priority: int | None,
-    delay: str | None,
+    delay: float | None,
     wait: bool,
     wait_timeout: float | None,
 ) -> None:
     """Submit a job of TYPE; the payload is checked against the handler's signature.
 
-    With --url the server checks it (no --app needed there).
+    With --url the server checks it (no --app needed there). With --wait, Ctrl-C stops
+    waiting (exit 130); the job keeps running.
     """
     if not target.remote and not target.has_app:
         _fail(
@@ -554,25 +706,44 @@ def submit(
             EXIT_USAGE,
         )
     data = _parse_payload(payload)
-    try:
-        delay_seconds = seconds(delay) if delay is not None else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--delay") from None
+    submitted: list[ShownJob] = []
 
     async def go(jobs: JobsTarget) -> ShownJob:
         job = await jobs.submit(
-            job_type, data, id=job_id, queue=queue, priority=priority, delay=delay_seconds
+            job_type, data, id=job_id, queue=queue, priority=priority, delay=delay
         )
+        submitted.append(job)
         console.print(f"submitted [bold]{job.id}[/] ({job.type}, {job.status.value})")
-        if wait and not await follow(job, wait_timeout):
-            _fail(f"job {job.id} still {job.status.value} after {wait_timeout}s", EXIT_JOB_FAILED)
+        if wait:
+            await _wait_for(target, job, wait_timeout)
         return job
 
-    job = target.run(go)
+    try:
+        job = target.run(go)
+    except KeyboardInterrupt:
+        last = submitted[0] if submitted else None
+        _interrupted(last.id if last else None, last.status.value if last else None)
     if wait:
         print_job(job, attempts=None)
         if job.status is not Status.SUCCEEDED:
             sys.exit(EXIT_JOB_FAILED)
+
+
+async def _wait_for(target: Target, job: ShownJob, timeout: float | None) -> None:
+    """Follow a job until it ends; warn at once, and fail after ``timeout``, if no worker
+    is live to run it."""
+    if job.status is Status.QUEUED:
+        hint = await target.no_worker_hint()
+        if hint:
+            err_console.print(Text.assemble(("warning:", "bold yellow"), " ", hint))
+    if await follow(job, timeout):
+        return
+    message = f"job {job.id} still {status_text(job.record)} after {timeout:g}s"
+    if job.status is Status.QUEUED:
+        hint = await target.no_worker_hint()
+        if hint:
+            message += f": {hint}"
+    _fail(message, EXIT_JOB_FAILED)
 
 
 # -- jobs ------------------------------------------------------------------------------
@@ -583,8 +754,38 @@ def jobs() -> None:
     """List, show, cancel and retry jobs."""
 
 
+def _status_filter(words: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """Stored statuses to ask for, and the shown statuses (scheduled, retrying) to keep."""
+    known = [s.value for s in Status]
+    stored: list[str] = []
+    shown: set[str] = set()
+    for word in words:
+        word = word.strip().lower()
+        if word in SHOWN_STATUSES:
+            shown.add(word)
+            stored.append(Status.QUEUED.value)
+        elif word in known:
+            stored.append(word)
+        else:
+            raise click.BadParameter(
+                f"unknown status {word!r}; use one of {', '.join([*known, *SHOWN_STATUSES])}",
+                param_hint="--status",
+            )
+    return tuple(dict.fromkeys(stored)), frozenset(shown)
+
+
+# Scheduled and retrying jobs are picked among this many newest queued ones.
+_SHOWN_STATUS_WINDOW = 1000
+
+
 @jobs.command("list")
-@click.option("--status", "-s", multiple=True, help="Filter by status (repeatable).")
+@click.option(
+    "--status",
+    "-s",
+    multiple=True,
+    help="Filter by status (repeatable): pending, queued, scheduled, retrying, running, "
+    "waiting, succeeded, failed, cancelled.",
+)
 @click.option("--type", "job_type", default=None, help="Filter by job type.")
 @click.option("--queue", default=None, help="Filter by queue.")
 @click.option(
@@ -593,6 +794,7 @@ def jobs() -> None:
     help="Also list jobs spawned by other jobs (by default only top-level jobs).",
 )
 @click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
+@_json_option
 @_jobs_target
 def jobs_list(
     target: Target,
@@ -601,54 +803,102 @@ def jobs_list(
     queue: str | None,
     include_children: bool,
     limit: int,
+    as_json: bool,
 ) -> None:
-    """List jobs, newest first: top-level ones unless --include-children."""
-    known = {s.value for s in Status}
-    for s in status:
-        if s not in known:
-            raise click.BadParameter(
-                f"unknown status {s!r}; use one of {', '.join(sorted(known))}",
-                param_hint="--status",
-            )
+    """List jobs, newest first (by creation time): top-level ones unless --include-children.
+
+    scheduled and retrying are queued jobs due later (retrying: after a failed attempt),
+    as the tables show them.
+    """
+    stored, shown = _status_filter(status)
+    # scheduled/retrying (without queued itself) read queued jobs and keep those due later.
+    only_shown = bool(shown) and Status.QUEUED.value not in [w.strip().lower() for w in status]
     found = target.run(
         lambda jobs: jobs.list_jobs(
-            status=status,
+            status=stored,
             type=job_type,
             queue=queue,
             top_level=not include_children,
-            limit=limit,
+            limit=max(limit, _SHOWN_STATUS_WINDOW) if only_shown else limit,
         )
     )
-    console.print(jobs_table(found, title=f"{len(found)} job(s)"))
+    if only_shown:
+        found = [
+            j for j in found if j.status is not Status.QUEUED or status_text(j.record) in shown
+        ][:limit]
+    if as_json:
+        print_json({"jobs": [job_document(j.record) for j in found]})
+    else:
+        console.print(jobs_table(found, title=f"{len(found)} job(s)"))
 
 
 @jobs.command("show")
 @click.argument("job_id")
 @click.option("--follow", "-f", "following", is_flag=True, help="Follow the job until it ends.")
+@click.option("--traceback", "tracebacks", is_flag=True, help="Print each attempt's traceback.")
+@_json_option
 @_jobs_target
-def jobs_show(target: Target, job_id: str, following: bool) -> None:
-    """Show one job with its attempts (--follow: a live progress bar until it ends)."""
+def jobs_show(
+    target: Target, job_id: str, following: bool, tracebacks: bool, as_json: bool
+) -> None:
+    """Show one job with its attempts (--follow: a live progress bar until it ends;
+    Ctrl-C stops following, exit 130)."""
+    shown: list[ShownJob] = []
 
-    async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt]]:
+    async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt], str | None]:
         job = await jobs.get(job_id)
+        shown.append(job)
         if following and not job.terminal:
-            await follow(job, None)
-        return job, await job.attempts()
+            await _wait_for(target, job, None)
+        hint = await target.no_worker_hint() if job.status is Status.QUEUED else None
+        return job, await job.attempts(), hint
 
-    job, attempts = target.run(go)
-    print_job(job, attempts)
+    try:
+        job, attempts, hint = target.run(go)
+    except KeyboardInterrupt:
+        _interrupted(job_id, shown[0].status.value if shown else None)
+    if as_json:
+        document = job_document(job.record, attempts)
+        document["hint"] = hint
+        print_json(document)
+    else:
+        print_job(job, attempts, tracebacks=tracebacks, note=hint)
 
 
 @jobs.command("cancel")
 @click.argument("job_id")
+@click.option("--wait", is_flag=True, help="Wait until a running job has actually stopped.")
+@click.option(
+    "--timeout",
+    "wait_timeout",
+    type=DURATION,
+    default=None,
+    help="With --wait: give up after this long (exit 1).",
+)
 @_jobs_target
-def jobs_cancel(target: Target, job_id: str) -> None:
-    """Cancel a job (a running one is asked to stop)."""
-    job = target.run(lambda jobs: jobs.cancel(job_id))
+def jobs_cancel(target: Target, job_id: str, wait: bool, wait_timeout: float | None) -> None:
+    """Cancel a job (a running one is asked to stop; --wait waits until it has)."""
+
+    async def go(jobs: JobsTarget) -> tuple[ShownJob, bool]:
+        job = await jobs.cancel(job_id)
+        if not (wait and job.status is Status.RUNNING):
+            return job, False
+        console.print(f"job {job.id} is running: waiting for its worker to stop it")
+        if not await follow(job, wait_timeout):
+            _fail(f"job {job.id} still running after {wait_timeout:g}s", EXIT_JOB_FAILED)
+        return job, True
+
+    try:
+        job, waited = target.run(go)
+    except KeyboardInterrupt:
+        _interrupted(job_id, "running")
     if job.status is Status.CANCELLED:
-        console.print(f"job {job.id} cancelled")
+        console.print(f"job {job.id} cancelled" + (" and stopped" if waited else ""))
     elif job.status is Status.RUNNING:
         console.print(f"job {job.id} is running: its worker was asked to stop it")
+    elif waited:
+        # It ended some other way while its worker was stopping it.
+        _fail(f"job {job.id} ended {job.status.value} before it could be stopped", EXIT_JOB_FAILED)
     else:
         _fail(f"job {job.id} is already {job.status.value}", EXIT_JOB_FAILED)
 
@@ -724,8 +974,14 @@ def serve(
     loopback with no token it creates an admin token and prints it once. SIGTERM or
     SIGINT stops the server, then the worker hands its running jobs back.
     """
-    from conveyor.web import ApiOptions, create_api
-
+    try:
+        from conveyor.web import ApiOptions, create_api
+    except ImportError as exc:
+        _fail(
+            f'serve needs the web extra ({exc.name} is not installed): pip install "conveyor[web]"',
+            EXIT_USAGE,
+        )
+    _check_port(host, port)
     app = _app_from(app_spec, database_url)
     try:
         api = create_api(app, options=ApiOptions(max_body_bytes=max_body))
@@ -733,6 +989,28 @@ def serve(
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
     _run(_serve(app, api, host, port, options))
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before anything starts (exit 2)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        _fail(f"cannot listen on {host!r}: {exc.strerror}; check --host", EXIT_USAGE)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As uvicorn binds: SO_REUSEADDR, so a port in TIME_WAIT is not taken for busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                _fail(
+                    f"port {port} is in use on {host} (another `conveyor serve`?); "
+                    "stop it or choose another --port",
+                    EXIT_USAGE,
+                )
+            _fail(f"cannot listen on {host}:{port}: {exc.strerror}", EXIT_USAGE)
 
 
 async def _serve(
@@ -807,11 +1085,15 @@ def tokens_create(
 @tokens.command("list")
 @_app_option
 @_url_option
-def tokens_list(app_spec: str | None, database_url: str | None) -> None:
+@_json_option
+def tokens_list(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
     """List API tokens (never their secrets), newest first."""
-    app = _app_from(app_spec, database_url)
+    app = _app_from(app_spec, database_url, must_exist=True)
     found = _run(app.list_tokens())
-    console.print(tokens_table(found))
+    if as_json:
+        print_json({"tokens": [jsonable(t, omit=frozenset({"secret_hash"})) for t in found]})
+    else:
+        console.print(tokens_table(found))
 
 
 @tokens.command("revoke")
@@ -820,7 +1102,7 @@ def tokens_list(app_spec: str | None, database_url: str | None) -> None:
 @_url_option
 def tokens_revoke(token_id: str, app_spec: str | None, database_url: str | None) -> None:
     """Revoke the token ID: requests bearing it are refused from now on."""
-    app = _app_from(app_spec, database_url)
+    app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> None:
         try:
@@ -838,16 +1120,53 @@ def tokens_revoke(token_id: str, app_spec: str | None, database_url: str | None)
 @main.command()
 @_app_option
 @_url_option
-def status(app_spec: str | None, database_url: str | None) -> None:
-    """Show queues and workers as tables."""
-    app = _app_from(app_spec, database_url)
+@_json_option
+def status(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
+    """Show the cluster's health verdict, its queues and its workers.
 
-    async def go() -> tuple[list[Any], list[Any]]:
-        return await app.queues(), await app.workers()
+    The verdict and counts are those of the API's /health/ready: each worker is live
+    while its newest heartbeat is younger than its own lease, dead once silent longer.
+    """
+    app = _app_from(app_spec, database_url, must_exist=True)
 
-    queues, workers = _run(go())
+    async def go() -> tuple[Health, list[Any], list[Any]]:
+        return await app.health(), await app.queues(), await app.workers()
+
+    health, queues, workers = _run(go())
+    now = health.counts.now
+    hint = _hint(health, app_spec) if health.counts.queued else None
+    if as_json:
+        print_json(
+            {
+                "health": health.to_dict(),
+                "hint": hint,
+                "queues": queues,
+                "workers": [worker_document(w, now) for w in workers],
+            }
+        )
+        return
+    c = health.counts
+    style = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}[health.status]
+    age = f"{health.heartbeat_age:.0f}s ago" if health.heartbeat_age is not None else "never"
+    console.print(
+        f"[bold {style}]{health.status}[/]: {c.live_workers} live, {c.dead_workers} dead of "
+        f"{c.workers} worker(s); last heartbeat {age}; {c.queued} queued ({c.due} due), "
+        f"{c.running} running ({c.stale_running} with an expired lease)",
+        highlight=False,
+    )
+    if hint:
+        console.print(f"[yellow]note:[/] {hint}", highlight=False)
     console.print(queues_table(queues))
-    console.print(workers_table(workers))
+    console.print(workers_table(workers, now))
+
+
+def _hint(health: Health, app_spec: str | None) -> str | None:
+    """The "no live worker" hint, or None when a worker is live."""
+    if not health.no_live_worker:
+        return None
+    return no_live_worker(
+        workers=health.counts.workers, heartbeat_age=health.heartbeat_age, app=app_spec
+    )
 
 
 # -- demo ------------------------------------------------------------------------------

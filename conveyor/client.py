@@ -665,10 +665,11 @@ class Conveyor:
         jobs = await (await self.store()).get_many(list(dict.fromkeys(job_ids)))
         return [JobHandle(self, j) for j in jobs]
 
-    async def health(self, *, stale_after: float = 60.0) -> Health:
+    async def health(self) -> Health:
         """Report the cluster's health: counts and ``healthy``, ``degraded`` or ``unhealthy``.
 
-        A worker heartbeat older than ``stale_after`` seconds is stale.
+        Each worker is judged by its own lease: live while its newest heartbeat is younger
+        than its lease, dead once silent for longer (see :mod:`conveyor.core.health`).
         """
         counts = await (await self.store()).health()
         age = None
@@ -676,9 +677,9 @@ class Conveyor:
             age = max(0.0, (counts.now - counts.last_heartbeat).total_seconds())
         status = assess(
             workers=counts.workers,
+            live_workers=counts.live_workers,
+            dead_workers=counts.dead_workers,
             stale_running=counts.stale_running,
-            heartbeat_age=age,
-            stale_after=stale_after,
         )
         return Health(status=status, counts=counts, heartbeat_age=age)
 
@@ -712,6 +713,29 @@ class Health:
     status: str
     counts: HealthCounts
     heartbeat_age: float | None  # seconds since the newest worker heartbeat
+
+    @property
+    def no_live_worker(self) -> bool:
+        """True when no worker would run a queued job now."""
+        return not self.counts.live_workers
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict and counts, as ``GET /health/ready`` and ``conveyor status --json``
+        give them."""
+        c = self.counts
+        return {
+            "status": self.status,
+            "queued": c.queued,
+            "due": c.due,
+            "running": c.running,
+            "stale_running": c.stale_running,
+            "workers": c.workers,
+            "live_workers": c.live_workers,
+            "dead_workers": c.dead_workers,
+            "last_heartbeat": c.last_heartbeat.isoformat() if c.last_heartbeat else None,
+            "heartbeat_age": self.heartbeat_age,
+            "error": None,
+        }
 
 
 def _rate(value: str | None) -> tuple[int, float] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from conveyor.core.lifecycle import IllegalTransition
@@ -33,14 +34,36 @@ class NotAConveyorDatabase(ConfigurationError):
 
 
 class UnknownJobType(ConveyorError):
-    """No handler is registered for a job type."""
+    """No handler is registered for a job type.
+
+    >>> str(UnknownJobType("build_reprot", ["build_report", "send_email"]))
+    "unknown job type 'build_reprot' (did you mean 'build_report'?): register it with \
+@app.job() (known types: build_report, send_email)"
+    """
 
     def __init__(self, job_type: str, known: list[str]) -> None:
-        hint = ", ".join(sorted(known)) if known else "none are registered"
-        super().__init__(
-            f"unknown job type {job_type!r}: register it with @app.job() (known types: {hint})"
-        )
         self.job_type = job_type
+        self.known = sorted(known)
+        close = difflib.get_close_matches(job_type, self.known, n=1)
+        self.suggestion = close[0] if close else None
+        super().__init__(
+            f"unknown job type {job_type!r}{self._did_you_mean()}: register it with "
+            f"@app.job() (known types: {self._known()})"
+        )
+
+    def _did_you_mean(self) -> str:
+        return f" (did you mean {self.suggestion!r}?)" if self.suggestion else ""
+
+    def _known(self) -> str:
+        return ", ".join(self.known) if self.known else "none are registered"
+
+    @property
+    def for_client(self) -> str:
+        """The message for a client of a server, who cannot register types there."""
+        return (
+            f"unknown job type {self.job_type!r}{self._did_you_mean()}; this server runs: "
+            f"{self._known()}"
+        )
 
 
 class InvalidPayload(ConveyorError):

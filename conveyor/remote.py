@@ -189,6 +189,20 @@ class RemoteClient:
             for a in response.json()["attempts"]
         ]
 
+    async def health(self) -> dict[str, Any]:
+        """The server's ``GET /health/ready`` document (a 503 answer is a verdict too)."""
+        try:
+            response = await self._http.get("/health/ready")
+        except httpx.HTTPError as exc:
+            raise DatabaseUnavailable(
+                f"cannot reach the conveyor server at {self.url} ({exc or type(exc).__name__})"
+            ) from None
+        try:
+            document = response.json()
+        except ValueError:
+            return {}
+        return document if isinstance(document, dict) else {}
+
     async def cancel(self, job_id: str) -> RemoteJob:
         response = await self._call("POST", f"{_path(job_id)}/cancel", job_id=job_id)
         return self._job(response.json())

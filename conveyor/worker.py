@@ -309,6 +309,8 @@ class Worker:
                 pid=os.getpid(),
                 queues=self.queues,
                 concurrency=self.options.concurrency,
+                lease=self.options.lease,
+                heartbeat_interval=self.options.lease / 3,
             )
         )
         log.info(

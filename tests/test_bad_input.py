@@ -171,6 +171,7 @@ def test_cli_reports_errors_with_exit_codes(tmp_path: Path) -> None:
     assert mismatch.returncode == 2
     assert "b: Field required" in mismatch.stderr
 
+    assert cli("migrate", "--database-url", url).returncode == 0
     missing = cli("jobs", "show", "no-such-id", "--database-url", url)
     assert missing.returncode == 3
     assert "no job with id 'no-such-id'" in missing.stderr

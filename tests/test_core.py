@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from conveyor.core import cron, durations, ids, lifecycle, model, retry
+from conveyor import errors
+from conveyor.core import cron, durations, health, ids, lifecycle, model, retry
 from conveyor.core.cron import (
     CatchUp,
     Cron,
@@ -26,7 +27,7 @@ from conveyor.core.model import Outcome, after_failure
 from conveyor.core.retry import Backoff, backoff_delay
 
 
-@pytest.mark.parametrize("module", [cron, durations, ids, lifecycle, model, retry])
+@pytest.mark.parametrize("module", [cron, durations, health, ids, lifecycle, model, retry, errors])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(importlib.import_module(module.__name__))  # type: ignore[attr-defined]
     assert result.attempted > 0

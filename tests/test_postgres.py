@@ -11,7 +11,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -445,3 +446,65 @@ async def test_claim_reads_a_few_pages_with_100k_queued_jobs_in_two_queues(
     assert _buffers(plan) < 400, plan
     claimed = await store.claim(worker_id="w", queues=["default", "media"], limit=10, lease=30)
     assert [j.priority for j in claimed] == [0] * 10
+
+
+@pytest.fixture
+def other_url(url: str) -> Iterator[str]:
+    """A second database on the same server, dropped after the test."""
+    base, _, _ = url.rpartition("/")
+    name = f"conveyor_other_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize("other_has_conveyor", [False, True])
+async def test_a_connection_to_another_database_is_refused_before_anything_is_written(
+    app: Conveyor, url: str, other_url: str, other_has_conveyor: bool
+) -> None:
+    other_app = Conveyor(other_url)
+    if other_has_conveyor:  # worse than a missing table: the job would land there
+        await other_app.migrate()
+    mine = url.rpartition("/")[2]
+    theirs = other_url.rpartition("/")[2]
+    async with await psycopg.AsyncConnection.connect(other_url) as conn:
+        with pytest.raises(ConfigurationError) as refused:
+            await app.submit("remember", {"note": "lost"}, connection=conn)
+        assert str(refused.value).startswith(
+            f"connection= is to database {theirs!r}, but this application uses {mine!r}"
+        )
+        await conn.execute("SELECT 1")  # the application's transaction is intact
+        await conn.commit()
+    assert await app.list_jobs() == []
+    if other_has_conveyor:
+        assert await other_app.list_jobs() == []
+    await other_app.close()
+    # A connection to the right database is checked once, then trusted.
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        for note in ("a", "b"):
+            await app.submit("remember", {"note": note}, connection=conn)
+        await conn.commit()
+    assert len(await app.list_jobs()) == 2
+
+
+def test_a_script_using_app_sync_exits_without_destroyed_tasks(url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        "from conveyor import Conveyor\n"
+        "app = Conveyor(sys.argv[1])\n"
+        "@app.job()\n"
+        "def mail(ctx, to: str) -> None: ...\n"
+        "job = app.sync.submit('mail', {'to': 'a@b.c'})\n"
+        "print(app.sync.get(job.id).status.value)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", str(script), url], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "queued"
+    assert "Task was destroyed" not in done.stderr, done.stderr

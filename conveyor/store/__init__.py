@@ -57,6 +57,15 @@ def create_store(
     )
 
 
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL, None for another scheme (raises on a malformed one)."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    from conveyor.store.sqlite.backend import parse_sqlite_url
+
+    return parse_sqlite_url(url)
+
+
 __all__ = [
     "Beat",
     "HealthCounts",
@@ -72,4 +81,5 @@ __all__ = [
     "Submitted",
     "WorkerInfo",
     "create_store",
+    "sqlite_path",
 ]

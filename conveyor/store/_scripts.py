@@ -217,6 +217,8 @@ def worker_info(dialect: Dialect, row: Row) -> WorkerInfo:
         started_at=dialect.time(row["started_at"]),
         heartbeat_at=dialect.time(row["heartbeat_at"]),
         stopped_at=dialect.time(row["stopped_at"]),
+        lease=row["lease_seconds"],
+        heartbeat_interval=row["heartbeat_seconds"],
     )
 
 
@@ -241,6 +243,8 @@ def worker_params(worker: WorkerInfo) -> dict[str, Any]:
         "pid": worker.pid,
         "queues": list(worker.queues),
         "concurrency": worker.concurrency,
+        "lease_seconds": worker.lease,
+        "heartbeat_seconds": worker.heartbeat_interval,
     }
 
 

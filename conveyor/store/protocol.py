@@ -59,6 +59,17 @@ class WorkerInfo:
     started_at: datetime | None = None
     heartbeat_at: datetime | None = None
     stopped_at: datetime | None = None
+    # Its lease and heartbeat interval in seconds: health judges the worker by them.
+    lease: float = 60.0
+    heartbeat_interval: float = 20.0
+
+    def state(self, now: datetime) -> str:
+        """``stopped``, ``dead`` (silent for longer than its lease), or ``live``."""
+        if self.stopped_at is not None:
+            return "stopped"
+        if self.heartbeat_at is None or (now - self.heartbeat_at).total_seconds() > self.lease:
+            return "dead"
+        return "live"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +112,10 @@ class HealthCounts:
     running: int
     stale_running: int  # running with an expired lease, not yet rescued
     workers: int  # workers ever registered
-    live_workers: int  # registered and not stopped
+    live_workers: int  # not stopped, newest heartbeat younger than the worker's lease
     last_heartbeat: datetime | None
     now: datetime
+    dead_workers: int = 0  # not stopped, but silent for longer than their lease
 
 
 @dataclass(frozen=True, slots=True)

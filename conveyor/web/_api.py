@@ -345,9 +345,8 @@ async def live() -> Response:
     openapi_extra=_role(None),
 )
 async def ready(request: Request) -> Response:
-    stale_after = _options(request).heartbeat_stale_after
     try:
-        health = await conveyor_of(request).health(stale_after=stale_after)
+        health = await conveyor_of(request).health()
     except DatabaseUnavailable as exc:
         body: dict[str, Any] = dict.fromkeys(s.HealthOut.model_fields)
         body.update(status="unhealthy", error=str(exc))
@@ -371,8 +370,7 @@ async def ready(request: Request) -> Response:
 )
 async def prometheus_metrics(request: Request, view: Reader) -> Response:
     state = request.app.state
-    stale_after = _options(request).heartbeat_stale_after
-    text = await render(view.app, state.metrics, stale_after=stale_after, polls=state.waiters.polls)
+    text = await render(view.app, state.metrics, polls=state.waiters.polls)
     return Response(text, media_type=CONTENT_TYPE)
 
 

@@ -25,7 +25,6 @@ class ApiOptions:
     max_batch: int = 1000  # jobs in one list body
     max_wait: float = 60.0  # the longest ?wait= a long poll may ask for, in seconds
     wait_tick: float = 0.1  # how often the shared long-poll loop reads waited-for jobs
-    heartbeat_stale_after: float = 60.0  # a worker heartbeat older than this is stale
     title: str = "conveyor"
 
     def __post_init__(self) -> None:
@@ -39,8 +38,6 @@ class ApiOptions:
             raise ConfigurationError("max_wait must be between 0 and 3600 seconds")
         if not 0.005 <= self.wait_tick <= 10:
             raise ConfigurationError("wait_tick must be between 0.005 and 10 seconds")
-        if self.heartbeat_stale_after <= 0:
-            raise ConfigurationError("heartbeat_stale_after must be positive")
 
 
 def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:

@@ -79,10 +79,10 @@ class _Snapshot(Collector):
         return self.families
 
 
-async def render(app: Conveyor, metrics: ApiMetrics, *, stale_after: float, polls: int) -> bytes:
+async def render(app: Conveyor, metrics: ApiMetrics, *, polls: int) -> bytes:
     """Return the text exposition of every metric, the cluster's read now."""
     queues = await app.queues()
-    health = await app.health(stale_after=stale_after)
+    health = await app.health()
     queries = CounterMetricFamily(
         "conveyor_http_long_poll_queries",
         "Queries made by the shared long-poll loop (one per tick, however many wait).",
@@ -115,7 +115,8 @@ def _cluster(queues: list[QueueInfo], health: Health) -> list[Metric]:
         "conveyor_workers", "Workers registered, by state.", labels=["state"]
     )
     workers.add_metric(["live"], float(c.live_workers))
-    workers.add_metric(["stopped"], float(c.workers - c.live_workers))
+    workers.add_metric(["dead"], float(c.dead_workers))
+    workers.add_metric(["stopped"], float(c.workers - c.live_workers - c.dead_workers))
     age = GaugeMetricFamily(
         "conveyor_worker_heartbeat_age_seconds",
         "Seconds since the newest worker heartbeat (NaN when no worker ever ran).",

@@ -188,7 +188,9 @@ def install_handlers(api: FastAPI) -> None:
     async def on_conveyor(request: Request, exc: Exception) -> Response:
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 400)
         errors = exc.errors if isinstance(exc, InvalidPayload) and exc.errors else None
-        return problem(status, str(exc), request.url.path, errors=errors)
+        # An API client cannot register a handler: tell it what the server runs instead.
+        detail = exc.for_client if isinstance(exc, UnknownJobType) else str(exc)
+        return problem(status, detail, request.url.path, errors=errors)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)

@@ -140,19 +140,7 @@ def queue_named(queues: list[QueueInfo], name: str) -> dict[str, Any]:
 
 def health(h: Health) -> dict[str, Any]:
     """The cluster's health with its counts, as ``/health/ready`` answers it."""
-    c = h.counts
-    return {
-        "status": h.status,
-        "queued": c.queued,
-        "due": c.due,
-        "running": c.running,
-        "stale_running": c.stale_running,
-        "workers": c.workers,
-        "live_workers": c.live_workers,
-        "last_heartbeat": iso(c.last_heartbeat),
-        "heartbeat_age": h.heartbeat_age,
-        "error": None,
-    }
+    return h.to_dict()
 
 
 def health_status(h: Health) -> int:

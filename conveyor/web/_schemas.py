@@ -184,7 +184,12 @@ class HealthOut(BaseModel):
     running: int | None
     stale_running: int | None = Field(description="Running jobs whose lease expired.")
     workers: int | None = Field(description="Workers ever registered.")
-    live_workers: int | None = Field(description="Workers registered and not stopped.")
+    live_workers: int | None = Field(
+        description="Workers not stopped whose newest heartbeat is younger than their lease."
+    )
+    dead_workers: int | None = Field(
+        None, description="Workers not stopped but silent for longer than their lease."
+    )
     last_heartbeat: datetime | None
     heartbeat_age: float | None = Field(description="Seconds since the newest heartbeat.")
     error: str | None = Field(None, description="Why the database could not be read.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -19,6 +19,7 @@ from psycopg.types.json import JsonLoader
 
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
+from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
@@ -333,3 +334,25 @@ def settle_params(
         "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
         "message": [s.progress.message if s.progress else None for s in settlements],
     }
+
+
+def on_database(
+    expected: tuple[str, datetime], steps: Script[T], checked: Callable[[], None]
+) -> Script[T]:
+    """Run ``steps`` only if the application's connection is on this store's database.
+
+    A connection to another database would fail on a missing table, or worse, write the
+    jobs into another conveyor's tables; nothing is written before this check.
+    """
+    (row,) = yield "database_identity", {}
+    if (row["database"], row["started"]) != expected:
+        where = row["database"]
+        if row["database"] == expected[0]:
+            where = f"{where} on another server"
+        raise ConfigurationError(
+            f"connection= is to database {where!r}, but this application uses "
+            f"{expected[0]!r}: pass a connection to the application's database, or submit "
+            "without connection="
+        )
+    checked()
+    return (yield from steps)

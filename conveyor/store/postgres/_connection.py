@@ -84,7 +84,17 @@ def parse_postgres_url(url: str) -> dict[str, str]:
                 f"malformed PostgreSQL URL {redact(url)!r}: port {port!r} is not a number "
                 "from 1 to 65535"
             )
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in SSLMODES:
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {redact(url)!r}: sslmode {sslmode!r} is not one of "
+            f"{', '.join(SSLMODES)}"
+        )
     return {k: str(v) for k, v in params.items()}
+
+
+# libpq's values of sslmode; another is a setting to fix, not a server to wait for.
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 def describe(params: Mapping[str, str]) -> str:

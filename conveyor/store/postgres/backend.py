@@ -20,8 +20,10 @@ when needed, and one LISTEN connection once :meth:`PostgresStore.wait_for_jobs` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -43,6 +45,7 @@ from conveyor.store.postgres._codec import (
     as_float,
     fetch_jobs,
     job_of_row,
+    on_database,
     run_steps,
     run_steps_sync,
     settle_params,
@@ -145,6 +148,8 @@ class PostgresStore:
         self._cancelled: set[str] = set()
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
+        # Applications' connections found to be on this database (checked once each).
+        self._same_database: weakref.WeakSet[object] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"<PostgresStore {redact(self.url)}>"
@@ -436,6 +441,13 @@ class PostgresStore:
                 return await self._read(lambda: submit_steps(jobs, None))
             return await self._script(lambda: submit_steps(jobs, None))
         steps = submit_steps(jobs, self._now())
+        known = (psycopg.AsyncConnection, psycopg.Connection)
+        if isinstance(connection, known) and connection not in self._same_database:
+            steps = on_database(
+                await self._database(),
+                steps,
+                functools.partial(self._same_database.add, connection),
+            )
         if isinstance(connection, psycopg.AsyncConnection):
             if connection.autocommit:
                 async with connection.transaction():
@@ -449,6 +461,12 @@ class PostgresStore:
             f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
             "its driver_connection, with Django django.db.connection.connection"
         )
+
+    async def _database(self) -> tuple[str, datetime]:
+        """This store's database: its name and its server's start time (read each time: a
+        restart changes the start time)."""
+        (row,) = await self._fetch("database_identity")
+        return (row["database"], row["started"])
 
     async def get(self, job_id: str) -> Job | None:
         rows = await self._fetch("get", {"id": job_id})
@@ -750,6 +768,7 @@ class PostgresStore:
             live_workers=row["live_workers"],
             last_heartbeat=utc(row["last_heartbeat"]),
             now=now,
+            dead_workers=row["dead_workers"],
         )
 
     async def create_token(self, token: Token) -> None:

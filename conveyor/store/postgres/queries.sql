@@ -271,15 +271,18 @@ RETURNING *;
 -- name: register_worker
 -- Record a worker process as started.
 INSERT INTO conveyor_workers (
-    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at
+    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at,
+    lease_seconds, heartbeat_seconds
 ) VALUES (
     %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL,
+    %(lease_seconds)s, %(heartbeat_seconds)s
 )
 ON CONFLICT (id) DO UPDATE
 SET hostname = excluded.hostname, pid = excluded.pid, queues = excluded.queues,
     concurrency = excluded.concurrency, started_at = excluded.started_at,
-    heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+    heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
+    lease_seconds = excluded.lease_seconds, heartbeat_seconds = excluded.heartbeat_seconds;
 
 -- name: deregister_worker
 -- Record a worker process as stopped.
@@ -760,9 +763,18 @@ SELECT
      WHERE status = 'running'
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS stale_running,
     (SELECT count(*) FROM conveyor_workers) AS workers,
-    (SELECT count(*) FROM conveyor_workers WHERE stopped_at IS NULL) AS live_workers,
+    -- Live: not stopped, and heartbeating within its own lease. Dead: not stopped, but
+    -- silent for longer than its lease (killed, frozen or cut off).
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL
+       AND heartbeat_at >= coalesce(%(now)s::timestamptz, now())
+                           - lease_seconds * interval '1 second') AS live_workers,
     (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
-    coalesce(%(now)s::timestamptz, now()) AS now;
+    coalesce(%(now)s::timestamptz, now()) AS now,
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL
+       AND heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                          - lease_seconds * interval '1 second') AS dead_workers;
 
 -- name: create_token
 -- Store a new API token.
@@ -787,3 +799,8 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: database_identity
+-- Which database a connection is on: its name and its server's start time, which tells
+-- two servers apart when their databases have the same name.
+SELECT current_database() AS database, pg_postmaster_start_time() AS started;

@@ -521,6 +521,7 @@ class SQLiteStore:
             live_workers=r["live_workers"],
             last_heartbeat=ts(r["last_heartbeat"]),
             now=datetime.fromtimestamp(now, UTC),
+            dead_workers=r["dead_workers"],
         )
 
     async def create_token(self, token: Token) -> None:

@@ -182,8 +182,12 @@ RETURNING *;
 -- name: register_worker
 -- Record a worker process as started.
 INSERT OR REPLACE INTO conveyor_workers (
-    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at
-) VALUES (:id, :hostname, :pid, :queues, :concurrency, :now, :now, NULL);
+    id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at,
+    lease_seconds, heartbeat_seconds
+) VALUES (
+    :id, :hostname, :pid, :queues, :concurrency, :now, :now, NULL,
+    :lease_seconds, :heartbeat_seconds
+);
 
 -- name: deregister_worker
 -- Record a worker process as stopped.
@@ -565,8 +569,13 @@ SELECT
     (SELECT count(*) FROM conveyor_jobs
      WHERE status = 'running' AND lease_expires_at < :now) AS stale_running,
     (SELECT count(*) FROM conveyor_workers) AS workers,
-    (SELECT count(*) FROM conveyor_workers WHERE stopped_at IS NULL) AS live_workers,
-    (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat;
+    -- Live: not stopped, and heartbeating within its own lease. Dead: not stopped, but
+    -- silent for longer than its lease (killed, frozen or cut off).
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL AND heartbeat_at >= :now - lease_seconds) AS live_workers,
+    (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
+    (SELECT count(*) FROM conveyor_workers
+     WHERE stopped_at IS NULL AND heartbeat_at < :now - lease_seconds) AS dead_workers;
 
 -- name: create_token
 -- Store a new API token.

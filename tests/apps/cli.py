@@ -1,0 +1,26 @@
+"""Job types for the CLI's tests (tests/test_cli.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from conveyor import Conveyor, JobContext
+
+app = Conveyor(os.environ.get("CONVEYOR_DATABASE_URL", "sqlite:///conveyor-test-unused.db"))
+
+
+@app.job()
+async def build_report(ctx: JobContext, months: int) -> int:
+    return months
+
+
+@app.job(max_attempts=1)
+def explode(ctx: JobContext, why: str) -> None:
+    raise ValueError(f"exploded: {why}")
+
+
+@app.job()
+async def sleepy(ctx: JobContext) -> None:
+    ctx.progress(0, 1, "sleeping until cancelled")
+    await asyncio.sleep(3600)
