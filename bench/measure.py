@@ -13,10 +13,11 @@ comes after its imports and its connection, to the last job settled.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.app import build
@@ -242,7 +243,16 @@ def _check_stored(backend: str, url: str, jobs: int) -> None:
 # --- drain ---------------------------------------------------------------------
 
 
-def drain(backend: str, url: str, jobs: int, concurrency: int, processes: int) -> Metrics:
+def drain(
+    backend: str,
+    url: str,
+    jobs: int,
+    concurrency: int,
+    processes: int,
+    *,
+    extra: Sequence[str] = (),
+    env_extra: Mapping[str, str] | None = None,
+) -> Metrics:
     """Time ``processes`` burst workers draining ``jobs`` pre-submitted no-op jobs.
 
     Reported: jobs/s from the first worker's registration to the last job settled;
@@ -256,7 +266,10 @@ def drain(backend: str, url: str, jobs: int, concurrency: int, processes: int) -
         _prepare(db)
         server = PostgresCpu(url) if backend == "postgres" else None
         try:
-            started = [workers.start(concurrency=concurrency, burst=True) for _ in range(processes)]
+            started = [
+                workers.start(concurrency=concurrency, burst=True, extra=extra, env_extra=env_extra)
+                for _ in range(processes)
+            ]
             registered = _wait_registered(db, workers, started)
             workers.wait_all(_RUN_TIMEOUT)
         finally:
@@ -279,6 +292,54 @@ def drain(backend: str, url: str, jobs: int, concurrency: int, processes: int) -
         if server_cpu is not None:
             metrics["server_cpu_us_per_job"] = server_cpu / jobs * 1e6
         return metrics
+
+
+# --- what logs and metrics cost ---------------------------------------------------
+
+# The two drains of a run alternate which goes first from run to run, so that neither
+# always meets the fresher database.
+_observed_runs = itertools.count()
+
+
+def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metrics:
+    """Drain ``jobs`` no-ops twice with one worker: quiet, then observed; the ratio.
+
+    Quiet: ``--log-level WARNING --no-metrics`` (no per-attempt lines, no counters).
+    Observed: ``--log-level INFO --metrics-port 0`` (one INFO line per job, to a file,
+    and every counter and histogram). The database is emptied between the two.
+    """
+    quiet: tuple[Sequence[str], Mapping[str, str]] = (
+        ("--no-metrics",),
+        {"CONVEYOR_LOG_LEVEL": "WARNING"},
+    )
+    observed: tuple[Sequence[str], Mapping[str, str]] = (
+        ("--metrics-port", "0"),
+        {"CONVEYOR_LOG_LEVEL": "INFO"},
+    )
+    order = [("quiet", quiet), ("observed", observed)]
+    if next(_observed_runs) % 2:
+        order.reverse()
+    rates: dict[str, float] = {}
+    for number, (name, (extra, env_extra)) in enumerate(order):
+        if number:
+            _empty(backend, url)
+        result = drain(
+            backend, url, jobs, concurrency, processes=1, extra=extra, env_extra=env_extra
+        )
+        rates[name] = result["jobs_per_s"]
+    ratio = rates["observed"] / rates["quiet"]
+    return {
+        "quiet_jobs_per_s": rates["quiet"],
+        "observed_jobs_per_s": rates["observed"],
+        "observed_over_quiet": ratio,
+        "loss_pct": (1 - ratio) * 100,
+    }
+
+
+def _empty(backend: str, url: str) -> None:
+    with connect(backend, url) as db:
+        for table in ("conveyor_attempts", "conveyor_jobs", "conveyor_workers"):
+            db.script(f"DELETE FROM {table}")
 
 
 # --- latency -------------------------------------------------------------------

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,9 +112,10 @@ class Workers:
         burst: bool,
         extra: Sequence[str] = (),
         prefix: Sequence[str] = (),
+        env_extra: Mapping[str, str] | None = None,
     ) -> WorkerProcess:
         """Start one worker; ``prefix`` wraps the command (e.g. a profiler)."""
-        env = dict(os.environ)
+        env = dict(os.environ) | dict(env_extra or {})
         env["CONVEYOR_DATABASE_URL"] = self.url
         env["PYTHONPATH"] = os.pathsep.join(
             [_BENCH_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -183,6 +183,15 @@ def conveyor_drain_4proc(backend: str, url: str, sizes: Sizes) -> Metrics:
     return measure.drain(backend, url, sizes.drain_jobs, sizes.concurrency, processes=4)
 
 
+@workload(
+    "conveyor_drain_observed",
+    "1 worker: drain_jobs with INFO logs + metrics vs. without, same run; the ratio",
+)
+def conveyor_drain_observed(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """What per-attempt log lines and metrics cost a draining worker."""
+    return measure.drain_observed(backend, url, sizes.drain_jobs, sizes.concurrency)
+
+
 @workload("conveyor_latency", "idle worker; jobs submitted latency_gap apart; enqueue→start")
 def conveyor_latency(backend: str, url: str, sizes: Sizes) -> Metrics:
     """Enqueue-to-start latency on an idle worker, submits from another process."""

@@ -13,6 +13,8 @@ from conveyor._handles import JobHandle, Submission
 from conveyor._registry import Registry
 from conveyor.core.cron import Schedule
 from conveyor.core.model import NewJob
+from conveyor.hooks import Hooks
+from conveyor.metrics import Metrics
 from conveyor.store import Retention, Store, Submitted
 
 
@@ -24,6 +26,12 @@ class WorkerHost(Protocol):
 
     @property
     def schedules(self) -> Mapping[str, Schedule]: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def hooks(self) -> Hooks: ...
 
     def new_store(self) -> Store:
         """A new, unopened store on the application's database."""

@@ -18,13 +18,14 @@ is decided, and tested, below HTTP:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from conveyor._handles import JobHandle, JobPage, Submission
 from conveyor.client import Conveyor
-from conveyor.core.auth import Principal, check_tenant
+from conveyor.core.auth import Principal, Role, check_tenant
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
 from conveyor.errors import (
@@ -35,6 +36,16 @@ from conveyor.errors import (
     InvalidState,
     JobNotFound,
 )
+from conveyor.store.protocol import (
+    AuditEntry,
+    LeaseRecord,
+    MinuteStats,
+    QueueInfo,
+    ScheduleInfo,
+    WorkerInfo,
+)
+
+BULK_LIMIT = 10_000  # the most jobs one bulk action or count reaches
 
 
 def keyed_id(tenant: str, key: str, index: int | None) -> str:
@@ -162,10 +173,12 @@ class TenantView:
                 f"job {job_id} is already {job.status.value}: only unfinished jobs can be "
                 "cancelled" + ("; retry it instead" if job.status is not Status.SUCCEEDED else "")
             )
+        self.require(Role.WRITE)
         reason = f"cancelled through the API (token {self.principal.token_id})"
         after = (await self.app.cancel(job_id, reason=reason)).record
         if after.terminal and after.status is not Status.CANCELLED:
             raise InvalidState(f"job {job_id} ended {after.status.value} before it was cancelled")
+        await self.audit("job.cancel", job_id, after.status.value)
         return after
 
     async def retry(self, job_id: str) -> Job:
@@ -175,8 +188,160 @@ class TenantView:
             raise InvalidState(
                 f"job {job_id} is {job.status.value}: only failed or cancelled jobs can be retried"
             )
+        self.require(Role.WRITE)
+        await self.app.authorize(self.principal, job.type, job.payload)
+        new = (await self.app.retry(job_id)).record
+        await self.audit("job.retry", job_id, f"as {new.id}")
+        return new
+
+    async def retry_failed_children(self, job_id: str, *, limit: int = BULK_LIMIT) -> list[Job]:
+        """Retry each failed child of a visible job; return the new jobs."""
+        self.require(Role.WRITE)
+        await self.get(job_id)
+        failed = await self._ids(
+            {"parent_id": job_id, "status": (Status.FAILED,), "include_children": True}, limit
+        )
+        retried = [await self._retry_quietly(i) for i in failed]
+        new = [job for job in retried if job is not None]
+        await self.audit("job.retry_failed_children", job_id, f"{len(new)} children retried")
+        return new
+
+    # -- a filtered selection ---------------------------------------------------------------
+
+    async def count(self, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT) -> int:
+        """How many visible jobs ``filters`` (the arguments of :meth:`page`) select, up to
+        ``limit``: the number a bulk action would act on."""
+        return len(await self._ids(filters, limit))
+
+    async def bulk(
+        self, action: str, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT
+    ) -> int:
+        """Cancel (``action="cancel"``) the unfinished jobs, or retry (``"retry"``) the
+        failed and cancelled ones, among those ``filters`` select; return how many."""
+        self.require(Role.WRITE)
+        if action not in ("cancel", "retry"):
+            raise ConfigurationError(f"bulk action must be cancel or retry, not {action!r}")
+        done = 0
+        for job_id in await self._ids(filters, limit):
+            try:
+                if action == "cancel":
+                    reason = f"cancelled in bulk (token {self.principal.token_id})"
+                    await self.app.cancel(job_id, reason=reason)
+                else:
+                    await self._retry_one(job_id)
+            except (InvalidState, JobNotFound, Forbidden):
+                continue  # ended, changed or refused since it was counted
+            done += 1
+        described = ", ".join(f"{k}={v}" for k, v in sorted(filters.items()) if v)
+        await self.audit(f"jobs.bulk_{action}", described or "all jobs", f"{done} jobs")
+        return done
+
+    async def _ids(self, filters: Mapping[str, Any], limit: int) -> list[str]:
+        ids: list[str] = []
+        cursor = None
+        while len(ids) < limit:
+            page = await self.page(**filters, cursor=cursor, limit=min(1000, limit - len(ids)))
+            ids.extend(h.id for h in page.jobs)
+            cursor = page.next
+            if cursor is None:
+                break
+        return ids
+
+    async def _retry_one(self, job_id: str) -> Job:
+        job = await self.get(job_id)
+        if job.status not in (Status.FAILED, Status.CANCELLED):
+            raise InvalidState(f"job {job_id} is {job.status.value}")
         await self.app.authorize(self.principal, job.type, job.payload)
         return (await self.app.retry(job_id)).record
+
+    async def _retry_quietly(self, job_id: str) -> Job | None:
+        try:
+            return await self._retry_one(job_id)
+        except (InvalidState, JobNotFound, Forbidden):
+            return None
+
+    # -- queues, schedules, workers, leases: the cluster's, admins steer them ----------------
+
+    async def queues(self) -> list[QueueInfo]:
+        return await self.app.queues()
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self.app.workers()
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker runs now (every tenant's: workers are the cluster's)."""
+        return await self.app.running_by_worker()
+
+    async def pause(self, queue: str) -> None:
+        """Stop workers claiming from ``queue`` (admins)."""
+        self.require(Role.ADMIN)
+        await self.app.pause(queue)
+        await self.audit("queue.pause", queue)
+
+    async def resume(self, queue: str) -> None:
+        """Let workers claim from ``queue`` again (admins)."""
+        self.require(Role.ADMIN)
+        await self.app.resume(queue)
+        await self.audit("queue.resume", queue)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        return await self.app.list_schedules()
+
+    async def run_schedule(self, name: str) -> Job:
+        """Submit a schedule's job now (admins)."""
+        self.require(Role.ADMIN)
+        job = (await self.app.run_schedule(name)).record
+        await self.audit("schedule.run", name, f"as {job.id}")
+        return job
+
+    async def enable_schedule(self, name: str, enabled: bool) -> ScheduleInfo:
+        """Enable or disable a schedule (admins)."""
+        self.require(Role.ADMIN)
+        info = await self.app.enable_schedule(name, enabled)
+        await self.audit("schedule.enable" if enabled else "schedule.disable", name)
+        return info
+
+    async def count_below(self, job_id: str) -> dict[str, int]:
+        """Count by status the jobs below a visible job (its tree if it is a root)."""
+        await self.get(job_id)
+        return await self.app.count_below(job_id)
+
+    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lease with its current and last holders, newest first."""
+        return await self.app.leases()
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """What ended per minute since ``since``, across the cluster."""
+        return await self.app.minute_stats(since)
+
+    # -- the audit log ----------------------------------------------------------------------
+
+    async def audit(self, action: str, target: str, detail: str | None = None) -> None:
+        """Record an action of this principal in the audit log."""
+        entry = AuditEntry(
+            at=await self.app.now(),
+            tenant=self.principal.tenant,
+            token_id=self.principal.token_id,
+            action=action,
+            target=target,
+            detail=detail,
+        )
+        await self.app.record_audit(entry)
+
+    async def audit_log(
+        self, *, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """The audit log, newest first: every tenant's for an admin, else the tenant's own."""
+        tenant = None if self.principal.is_admin else self.principal.tenant
+        return await self.app.audit_log(tenant=tenant, before_id=before_id, limit=limit)
+
+    def require(self, role: Role) -> None:
+        """Refuse (:class:`Forbidden`) a principal whose role is below ``role``."""
+        if not self.principal.role.allows(role):
+            raise Forbidden(
+                f"this needs a token with role {role.value!r} or above; token "
+                f"{self.principal.token_id} has role {self.principal.role.value!r}"
+            )
 
     # -- the rules ------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 from rich.live import Live
-from rich.logging import RichHandler
 from rich.text import Text
 
 from conveyor._console import (
@@ -72,7 +71,7 @@ from conveyor.errors import (
     UnknownJobType,
 )
 from conveyor.remote import RemoteClient
-from conveyor.store import Retention, sqlite_path
+from conveyor.store import QueueInfo, Retention, sqlite_path
 from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
@@ -271,17 +270,26 @@ def main(log_level: str) -> None:
     completion: eval "$(_CONVEYOR_COMPLETE=bash_source conveyor)" (or zsh_source,
     fish_source) in your shell's start-up file.
     """
-    handler: logging.Handler
-    if err_console.is_terminal:
-        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
-        fmt, datefmt = "%(message)s", "[%X]"
-    else:
-        # Plain single lines for files, pipes and log shippers: never wrapped or padded.
-        handler = logging.StreamHandler(sys.stderr)
-        fmt, datefmt = "%(asctime)s %(levelname)s %(name)s %(message)s", None
-    logging.basicConfig(level=log_level.upper(), format=fmt, datefmt=datefmt, handlers=[handler])
+    _setup_logging(log_level, "text")
     # httpx logs every request at INFO; a command acting through --url prints its own result.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _setup_logging(level: str | int, log_format: str) -> None:
+    """Log to stderr: rich on a terminal, else plain single lines; or JSON, one per line."""
+    from conveyor import logs
+
+    logs.configure(level, log_format)
+
+
+_log_format_option = click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar="CONVEYOR_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text, or as one JSON object per line (env CONVEYOR_LOG_FORMAT).",
+)
 
 
 # -- worker ----------------------------------------------------------------------------
@@ -347,6 +355,26 @@ def main(log_level: str) -> None:
     help="Time between prunes of finished jobs past their retention.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
+@_log_format_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve this worker's Prometheus metrics on this port (0: any free port, logged).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics port binds to.",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    "count_metrics",
+    default=True,
+    hidden=True,
+    help="Count attempts into metrics (off only to measure what counting costs).",
+)
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -360,6 +388,10 @@ def worker(
     cron_interval: float,
     prune_interval: float,
     burst: bool,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    count_metrics: bool,
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -380,10 +412,26 @@ def worker(
             cron_interval=cron_interval,
             prune_interval=prune_interval,
             burst=burst,
+            metrics=count_metrics,
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
+    _setup_logging(logging.getLogger().level, log_format)
+    if metrics_port is not None:
+        _serve_metrics(app, metrics_host, metrics_port)
     _run(_run_worker(app.worker(options)))
+
+
+def _serve_metrics(app: Conveyor, host: str, port: int) -> None:
+    """Serve the application's metrics from a thread (each worker process its own)."""
+    from prometheus_client import start_http_server
+
+    try:
+        server, _ = start_http_server(port, addr=host, registry=app.metrics.registry)
+    except OSError as exc:
+        _fail(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
+    bound = server.server_address[1]
+    logging.getLogger("conveyor.worker").info("metrics at http://%s:%d/metrics", host, bound)
 
 
 async def _run_worker(w: Worker) -> None:
@@ -545,6 +593,12 @@ class JobsTarget(Protocol):
     async def cancel(self, job_id: str) -> ShownJob: ...
 
     async def retry(self, job_id: str) -> ShownJob: ...
+
+    async def queues(self) -> list[QueueInfo]: ...
+
+    async def pause(self, queue: str) -> None: ...
+
+    async def resume(self, queue: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -912,6 +966,40 @@ def jobs_retry(target: Target, job_id: str) -> None:
     console.print(f"job {job_id} retried as [bold]{job.id}[/]")
 
 
+# -- queues ----------------------------------------------------------------------------
+
+
+@main.group()
+def queues() -> None:
+    """List queues with their job counts; pause and resume claiming from one."""
+
+
+@queues.command("list")
+@_jobs_target
+def queues_list(target: Target) -> None:
+    """List queues with their job counts per status and whether each is paused."""
+    found = target.run(lambda jobs: jobs.queues())
+    console.print(queues_table(found))
+
+
+@queues.command("pause")
+@click.argument("queue")
+@_jobs_target
+def queues_pause(target: Target, queue: str) -> None:
+    """Stop workers claiming jobs from QUEUE (running jobs finish)."""
+    target.run(lambda jobs: jobs.pause(queue))
+    console.print(f"queue {queue} paused: workers claim no new job from it")
+
+
+@queues.command("resume")
+@click.argument("queue")
+@_jobs_target
+def queues_resume(target: Target, queue: str) -> None:
+    """Let workers claim jobs from QUEUE again."""
+    target.run(lambda jobs: jobs.resume(queue))
+    console.print(f"queue {queue} resumed")
+
+
 # -- serve -----------------------------------------------------------------------------
 
 
@@ -958,6 +1046,7 @@ def _is_loopback(host: str) -> bool:
     show_default=True,
     help="Largest request body accepted, in bytes (413 above it).",
 )
+@_log_format_option
 def serve(
     app_spec: str,
     database_url: str | None,
@@ -966,8 +1055,9 @@ def serve(
     with_worker: bool,
     concurrency: int,
     max_body: int,
+    log_format: str,
 ) -> None:
-    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) with uvicorn.
+    """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
 
     Every route but /health needs a bearer token. Bound to an address other than
     loopback, serve refuses to start until a token exists (conveyor tokens create); on
@@ -983,6 +1073,7 @@ def serve(
         )
     _check_port(host, port)
     app = _app_from(app_spec, database_url)
+    _setup_logging(logging.getLogger().level, log_format)
     try:
         api = create_api(app, options=ApiOptions(max_body_bytes=max_body))
         options = WorkerOptions(concurrency=concurrency) if with_worker else None
@@ -1035,7 +1126,10 @@ async def _serve(
         )
         console.print(secret, highlight=False)
         console.file.flush()
-    config = uvicorn.Config(api, host=host, port=port, lifespan="off", log_level="info")
+    # log_config=None: uvicorn's lines go through the handlers set up above.
+    config = uvicorn.Config(
+        api, host=host, port=port, lifespan="off", log_level="info", log_config=None
+    )
     server = uvicorn.Server(config)
     running: asyncio.Task[None] | None = None
     if worker_options is not None:
@@ -1186,10 +1280,12 @@ def demo(app_spec: str, concurrency: int) -> None:
     seed: Callable[[Conveyor], Any] | None = getattr(module, "seed", None)
     if seed is None:
         _fail(f"{app_spec} has no seed(app) function that submits demo jobs", EXIT_USAGE)
-    _run(_demo(app, seed, concurrency))
+    _run(_demo(app, app_spec, seed, concurrency))
 
 
-async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int) -> None:
+async def _demo(
+    app: Conveyor, app_spec: str, seed: Callable[[Conveyor], Any], concurrency: int
+) -> None:
     submitted = seed(app)
     if inspect.isawaitable(submitted):
         submitted = await submitted
@@ -1217,6 +1313,17 @@ async def _demo(app: Conveyor, seed: Callable[[Conveyor], Any], concurrency: int
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f". Inspect one with: conveyor jobs show {ids[0]} --database-url {app.url}"
     )
+    _, secret = await app.create_token(
+        tenant="default", role="admin", name="created by conveyor demo for the dashboard"
+    )
+    console.print(
+        "\nSee them in the dashboard: start the server with\n"
+        f"  conveyor serve {app_spec} --database-url {app.url}\n"
+        "then open http://127.0.0.1:8000/ui/ and sign in with this admin token "
+        "(shown this once):",
+        highlight=False,
+    )
+    console.print(secret, highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, overload
 
-from conveyor import _blocking
+from conveyor import _blocking, _tracing
 from conveyor._handles import (
     JobDefinition,
     JobHandle,
@@ -67,11 +67,14 @@ from conveyor.errors import (
     JobNotFound,
     ScheduleNotFound,
 )
+from conveyor.hooks import AttemptEnded, AttemptStarted, Hooks
+from conveyor.metrics import Metrics
 from conveyor.store import (
     HealthCounts,
     JobPageQuery,
     LeaseRecord,
     QueueInfo,
+    QueueLag,
     Retention,
     ScheduleInfo,
     Store,
@@ -79,6 +82,7 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
+from conveyor.store.protocol import AuditEntry, MinuteStats
 from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -112,6 +116,8 @@ class Conveyor:
             weakref.WeakKeyDictionary()
         )
         self._tokens = Tokens(self.store, self.registry)
+        self.metrics = Metrics()
+        self.hooks = Hooks()
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url}>"
@@ -308,7 +314,10 @@ class Conveyor:
 
     def prepare(self, submissions: Sequence[Submission]) -> list[NewJob]:
         """Validate submissions into jobs ready to insert (raises on bad input)."""
-        new_jobs = [self._prepare(s) for s in submissions]
+        # Inside a submit span, the jobs carry its trace context; in a handler, the
+        # attempt's (its children's runs then appear under it).
+        traceparent = _tracing.current_traceparent()
+        new_jobs = [self._prepare(s, traceparent) for s in submissions]
         _check_acyclic(new_jobs)
         return new_jobs
 
@@ -324,6 +333,8 @@ class Conveyor:
                     "use a new id for a different job"
                 )
             handles.append(JobHandle(self, job))
+            if submitted.created:
+                self.metrics.of(job.type, job.queue).submitted.inc()
         return handles
 
     async def submit_many(
@@ -333,12 +344,13 @@ class Conveyor:
 
         ``connection``: as for :meth:`submit`, the application's own transaction.
         """
-        new_jobs = self.prepare(submissions)
-        store = await self.store()
-        results = await store.submit(new_jobs, connection=connection)
+        with _tracing.submit_span(submissions):
+            new_jobs = self.prepare(submissions)
+            store = await self.store()
+            results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
 
-    def _prepare(self, s: Submission) -> NewJob:
+    def _prepare(self, s: Submission, traceparent: str | None = None) -> NewJob:
         job_type = self.registry.get(s.type)
         options = job_type.options
         payload = job_type.validate(s.payload)
@@ -373,6 +385,7 @@ class Conveyor:
             unique_key=s.unique_key,
             concurrency_key=s.concurrency_key,
             depends_on=_dependency_ids(s.depends_on),
+            trace_context=traceparent,
         )
 
     def _wallclock(self) -> float:
@@ -513,6 +526,10 @@ class Conveyor:
     async def queues(self) -> list[QueueInfo]:
         return await (await self.store()).queues()
 
+    async def queue_lag(self) -> list[QueueLag]:
+        """Per queue with due jobs: how many, and how long the oldest has waited."""
+        return await (await self.store()).queue_lag()
+
     async def pause(self, queue: str) -> None:
         """Stop workers from claiming jobs of ``queue``; running jobs finish."""
         check_queue(queue)
@@ -634,6 +651,27 @@ class Conveyor:
 
     # -- workers ------------------------------------------------------------------------
 
+    def on_attempt_start(
+        self, fn: Callable[[AttemptStarted], object]
+    ) -> Callable[[AttemptStarted], object]:
+        """Call ``fn`` as a worker starts each attempt (a decorator; see conveyor.hooks)."""
+        self.hooks.attempt_start.append(fn)
+        return fn
+
+    def on_attempt_end(
+        self, fn: Callable[[AttemptEnded], object]
+    ) -> Callable[[AttemptEnded], object]:
+        """Call ``fn`` once each attempt's outcome is recorded (a decorator)."""
+        self.hooks.attempt_end.append(fn)
+        return fn
+
+    def on_final_failure(
+        self, fn: Callable[[AttemptEnded], object]
+    ) -> Callable[[AttemptEnded], object]:
+        """Call ``fn`` when an attempt leaves its job failed for good (a decorator)."""
+        self.hooks.final_failure.append(fn)
+        return fn
+
     def worker(self, options: WorkerOptions | None = None) -> Worker:
         """Return a worker for this application (run it with ``await worker.run()``)."""
         return Worker(self, options or WorkerOptions())
@@ -653,8 +691,9 @@ class Conveyor:
         False means an existing job was returned: the same id, or an active job holding
         the same ``unique_key``.
         """
-        new_jobs = self.prepare(submissions)
-        results = await (await self.store()).submit(new_jobs)
+        with _tracing.submit_span(submissions):
+            new_jobs = self.prepare(submissions)
+            results = await (await self.store()).submit(new_jobs)
         handles = self.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
 
@@ -704,6 +743,42 @@ class Conveyor:
     async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
         """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden."""
         await self._tokens.authorize(principal, type, payload)
+
+    # -- what the dashboard reads and records -------------------------------------------
+
+    async def now(self) -> datetime:
+        """The store's clock (the database's, where it has one)."""
+        return await (await self.store()).now()
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an action to the audit log."""
+        await (await self.store()).record_audit(entry)
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """The audit log, newest first (``tenant``: only that tenant's entries)."""
+        return await (await self.store()).audit_log(tenant=tenant, before_id=before_id, limit=limit)
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
+        return await (await self.store()).minute_stats(since)
+
+    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lease with its current and last holders, newest first."""
+        store = await self.store()
+        return [(name, await store.lease_history(name)) for name in await store.lease_names()]
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker is running now."""
+        return await (await self.store()).running_by_worker()
+
+    async def count_below(self, job_id: str) -> dict[str, int]:
+        """Count by status the jobs below a job: its whole tree if it is a root, else its
+        children."""
+        job = (await self.get(job_id)).record
+        store = await self.store()
+        return await store.count_below(job_id, whole_tree=job.root_id is None)
 
 
 @dataclass(frozen=True, slots=True)

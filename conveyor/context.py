@@ -18,6 +18,7 @@ from conveyor._handles import Submission
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import LeaseLost
+from conveyor.logs import JobLogger, job_fields
 
 if TYPE_CHECKING:
     from conveyor._handles import JobHandle
@@ -87,11 +88,19 @@ class JobContext:
         # before the flag, so a handler that sees the flag sees the reason.
         self._cancelled = False
         self.cancel_reason: str | None = None
+        self._log: JobLogger | None = None
 
     @property
-    def log(self) -> logging.Logger:
-        """The logger of this job's type, ``conveyor.job.<type>``."""
-        return logging.getLogger(f"conveyor.job.{self.job.type}")
+    def log(self) -> JobLogger:
+        """The logger of this job's type, ``conveyor.job.<type>``; its lines carry the job's
+        fields (``job_id``, ``job_type``, ``queue``, ``attempt``, ``worker``)."""
+        if self._log is None:
+            job = self.job
+            self._log = JobLogger(
+                logging.getLogger(f"conveyor.job.{job.type}"),
+                job_fields(job.id, job.type, job.queue, job.attempt, self.worker_id),
+            )
+        return self._log
 
     @property
     def id(self) -> str:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from conveyor.core.cron import check_grace, next_check
 from conveyor.core.retry import pause_after_failures
+from conveyor.metrics import Metrics
 from conveyor.store import Rescued, Retention, Store
 
 log = logging.getLogger("conveyor.maintenance")
@@ -25,6 +26,7 @@ class Rescuer:
 
     store: Store
     batch: int = 500
+    metrics: Metrics | None = None  # counts rescued jobs per type and queue
 
     async def run_once(self) -> list[Rescued]:
         rescued: list[Rescued] = []
@@ -40,6 +42,10 @@ class Rescuer:
                 r.worker_id,
                 r.status.value,
             )
+        if rescued and self.metrics is not None:
+            # Rescues are rare: one more read for their types costs nothing in steady state.
+            for job in await self.store.get_many([r.job_id for r in rescued]):
+                self.metrics.of(job.type, job.queue).rescued += 1
         return rescued
 
 

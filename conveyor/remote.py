@@ -24,6 +24,7 @@ from conveyor.errors import (
     InvalidState,
     JobNotFound,
 )
+from conveyor.store.protocol import QueueInfo
 
 
 def job_from_resource(data: Mapping[str, Any]) -> Job:
@@ -210,6 +211,20 @@ class RemoteClient:
     async def retry(self, job_id: str) -> RemoteJob:
         response = await self._call("POST", f"{_path(job_id)}/retry", job_id=job_id)
         return self._job(response.json())
+
+    async def queues(self) -> list[QueueInfo]:
+        response = await self._call("GET", "/queues")
+        return [_queue(q) for q in response.json()["queues"]]
+
+    async def pause(self, queue: str) -> None:
+        await self._call("POST", f"/queues/{quote(queue, safe='')}/pause")
+
+    async def resume(self, queue: str) -> None:
+        await self._call("POST", f"/queues/{quote(queue, safe='')}/resume")
+
+
+def _queue(data: Mapping[str, Any]) -> QueueInfo:
+    return QueueInfo(str(data["name"]), bool(data["paused"]), dict(data.get("counts") or {}))
 
 
 def _path(job_id: str) -> str:

@@ -28,7 +28,9 @@ thread of its own.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -40,16 +42,21 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
+from conveyor import _tracing
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.hooks import AttemptEnded, AttemptStarted
+from conveyor.logs import job_fields
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
+from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
 
 if TYPE_CHECKING:
@@ -84,6 +91,8 @@ class WorkerOptions:
     retention: Retention | None = None  # None: the defaults with the job types' overrides
     burst: bool = False
     worker_id: str | None = None
+    # Count attempts into the application's metrics (off only to measure what they cost).
+    metrics: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 10_000:
@@ -129,6 +138,13 @@ class _Run:
     reason: str = ""
     done: bool = False  # the slot was released (finished or abandoned)
     timer: asyncio.TimerHandle | None = None
+    began: float = 0.0  # perf_counter at the start of the attempt
+    elapsed: float = 0.0  # the handler's run time, once finished
+    metrics: TypeMetrics | None = None
+
+    def fields(self, worker_id: str) -> dict[str, Any]:
+        job = self.job
+        return job_fields(job.id, job.type, job.queue, job.attempt, worker_id)
 
     @property
     def key(self) -> Lease:
@@ -286,6 +302,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads = _HandlerThreads(keep=options.concurrency)
         self.processed = 0
+        self._metrics: Metrics | None = app.metrics if options.metrics else None
+        self._hooks = app.hooks
         self._limited = [
             t
             for t in (app.registry.get(name) for name in app.registry.names())
@@ -330,6 +348,7 @@ class Worker:
             loop=loop,
             on_lost=self._on_lost,
             on_cancel_requested=self._on_cancel_requested,
+            metrics=self._metrics,
         )
         heartbeat.start()
         tasks = [
@@ -360,7 +379,7 @@ class Worker:
         """Start the maintenance duties every worker runs (each is safe to run on all)."""
         options, stop = self.options, self._maintenance_stop
         duties = (
-            ("conveyor-rescue", options.rescue_interval, Rescuer(store)),
+            ("conveyor-rescue", options.rescue_interval, Rescuer(store, metrics=self._metrics)),
             ("conveyor-finish-parents", options.rescue_interval, ParentFinisher(store)),
             (
                 "conveyor-prune",
@@ -428,6 +447,8 @@ class Worker:
                         lease=self.options.lease,
                         limits=self._limits(),
                     )
+                    if self._metrics is not None:
+                        self._metrics.store_seconds.labels("claim").observe(time.monotonic() - sent)
                     if failures:
                         log.warning("database reachable again; claiming resumed")
                     failures = 0
@@ -525,8 +546,44 @@ class Worker:
         # Unnamed: naming a task costs more than a no-op job's handler; the job shows in
         # the task's coroutine (Worker._execute) and in every log line about it.
         run.task = asyncio.create_task(self._execute(run, job_type, store))
+        self._started(run)
+
+    def _started(self, run: _Run) -> None:
+        """Count, log and announce an attempt as it starts."""
+        job = run.job
+        run.began = time.perf_counter()
+        if self._metrics is not None:
+            m = run.metrics = self._metrics.of(job.type, job.queue)
+            m.started += 1
+            m.running += 1
+            if job.started_at is not None:
+                m.wait_seconds.observe(max(0.0, (job.started_at - job.run_at).total_seconds()))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job started (attempt %d/%d)",
+                job.attempt,
+                job.max_attempts,
+                extra=run.fields(self.id),
+            )
+        if self._hooks.attempt_start:
+            self._hooks.started(AttemptStarted(job=job, worker_id=self.id))
 
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
+        if not _tracing.enabled():
+            await self._attempt(run, job_type, store)
+            return
+        with _tracing.attempt_span(run.job, self.id) as span:
+            settlement = await self._attempt(run, job_type, store)
+            if settlement is None:
+                _tracing.end_attempt(span, "lost", None)
+            else:
+                outcome = None if settlement.outcome is None else settlement.outcome.value
+                _tracing.end_attempt(span, outcome, settlement.error)
+
+    async def _attempt(
+        self, run: _Run, job_type: JobType | None, store: Store
+    ) -> Settlement | None:
+        """Run one attempt to its end; return its settlement (None: abandoned or lost)."""
         settlement: Settlement | None
         try:
             settlement = await self._invoke(run, job_type, store)
@@ -540,12 +597,13 @@ class Worker:
             if run.timer is not None:
                 run.timer.cancel()
         if run.done:
-            return  # abandoned: the job was already settled without this run's result
+            return None  # abandoned: the job was already settled without this run's result
         if run.interrupt is not None:
             # However the handler ended, the interruption decides: a timed-out job that
             # swallowed its cancellation is not marked succeeded, a lost one not at all.
             settlement = self._interrupted(run)
         self._finish(run, settlement)
+        return settlement
 
     async def _invoke(self, run: _Run, job_type: JobType | None, store: Store) -> Settlement | None:
         job = run.job
@@ -648,7 +706,11 @@ class Worker:
             except RuntimeError:
                 pass  # the loop is closed: an abandoned handler outlived its worker
 
-        self._threads.submit(call)
+        # A traced attempt's span is current in the handler's thread too.
+        if _tracing.enabled():
+            self._threads.submit(functools.partial(contextvars.copy_context().run, call))
+        else:
+            self._threads.submit(call)
         return future
 
     def _settlement(
@@ -749,11 +811,14 @@ class Worker:
 
     def _finish(self, run: _Run, settlement: Settlement | None) -> None:
         run.done = True
+        run.elapsed = time.perf_counter() - run.began
         self._active -= 1
         self.processed += 1
+        if run.metrics is not None:
+            run.metrics.running -= 1
         if settlement is None:
             self.leases.release((run,))
-            log.warning("job %s: lease lost, result dropped", run.job.id)
+            self._lost(run)
         else:
             # Progress not yet written by a heartbeat goes with the result.
             progress = self.leases.pop_progress(run.key)
@@ -785,7 +850,10 @@ class Worker:
                     return
                 continue
             try:
+                sent = time.monotonic()
                 refused = set(await store.settle([s for _, s in batch]))
+                if self._metrics is not None:
+                    self._metrics.store_seconds.labels("settle").observe(time.monotonic() - sent)
                 failures = 0
             except Exception as exc:
                 if self._phase is _Phase.GAVE_UP:
@@ -797,12 +865,75 @@ class Worker:
                 await asyncio.sleep(pause_after_failures(failures, jitter=random.random()))
                 self._settle_ready.set()
                 continue
-            for job_id in refused:
-                log.warning("job %s: lease lost before its result was recorded", job_id)
+            for run, settlement in batch:
+                if run.job.id in refused:
+                    self._lost(run, "lease lost before its result was recorded")
+                else:
+                    self._recorded(run, settlement)
             self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
+
+    def _recorded(self, run: _Run, s: Settlement) -> None:
+        """Count, log and announce an attempt's outcome once the database has it."""
+        status, m = s.status, run.metrics
+        retry_at = None
+        if status is Status.QUEUED and s.outcome is not None:
+            retry_at = datetime.now(UTC) + timedelta(seconds=s.retry_delay)
+        if m is not None:
+            m.run_seconds.observe(run.elapsed)
+            if status is Status.SUCCEEDED:
+                m.succeeded += 1
+            elif status is Status.FAILED:
+                m.failed += 1
+            elif status is Status.CANCELLED:
+                m.cancelled += 1
+            elif retry_at is not None:
+                m.retried += 1
+        level = logging.ERROR if status is Status.FAILED else logging.INFO
+        if log.isEnabledFor(level):
+            fields = run.fields(self.id)
+            fields["outcome"] = None if s.outcome is None else s.outcome.value
+            fields["duration"] = round(run.elapsed, 6)
+            if retry_at is not None:
+                fields["retry_at"] = retry_at.isoformat()
+            if status is Status.FAILED:
+                fields["error"] = s.error
+                fields["traceback"] = s.traceback
+            log.log(level, _outcome_line(run, s, retry_at), extra=fields)
+        hooks = self._hooks
+        if hooks.attempt_end or hooks.final_failure:
+            hooks.ended(
+                AttemptEnded(
+                    job=run.job,
+                    worker_id=self.id,
+                    status=status.value,
+                    outcome=None if s.outcome is None else s.outcome.value,
+                    duration=run.elapsed,
+                    error=s.error,
+                    traceback=s.traceback,
+                    retry_at=retry_at,
+                )
+            )
+
+    def _lost(self, run: _Run, why: str = "lease lost; its result is dropped") -> None:
+        """Count, log and announce a run whose lease is gone."""
+        if run.metrics is not None:
+            run.metrics.lease_losses += 1
+        log.warning("job %s after %.3fs", why, run.elapsed, extra=run.fields(self.id))
+        hooks = self._hooks
+        if hooks.attempt_end:
+            hooks.ended(
+                AttemptEnded(
+                    job=run.job,
+                    worker_id=self.id,
+                    status="lost",
+                    outcome=None,
+                    duration=run.elapsed,
+                    error=why,
+                )
+            )
 
     # -- shutting down ------------------------------------------------------------------
 
@@ -840,13 +971,35 @@ class Worker:
         """Stop runs whose leases the heartbeat could not renew (or may have expired)."""
         for run in runs:
             if not run.done:
-                log.warning("job %s: lease lost; stopping its handler", run.job.id)
                 self._lose(run)
 
     def _on_cancel_requested(self, job_ids: Iterable[str]) -> None:
         for run in self.leases.find(job_ids):
             if not run.done:
                 self._interrupt(run, _Interrupt.CANCEL, run.job.error or "cancel requested")
+
+
+def _outcome_line(run: _Run, s: Settlement, retry_at: datetime | None) -> str:
+    """The log message of a recorded attempt (the job's fields go with it, not in it)."""
+    job, status, took = run.job, s.status, f"{run.elapsed:.3f}s"
+    what = "timed out" if s.outcome is Outcome.TIMED_OUT else "failed"
+    if status is Status.SUCCEEDED:
+        return f"job succeeded in {took}"
+    if status is Status.QUEUED and retry_at is not None:
+        return (
+            f"job {what} (attempt {job.attempt}/{job.max_attempts}) after {took}: {s.error}; "
+            f"retry at {retry_at.isoformat(timespec='seconds')}"
+        )
+    if status is Status.FAILED:
+        return (
+            f"job {what} (attempt {job.attempt}/{job.max_attempts}, no retry left) "
+            f"after {took}: {s.error}"
+        )
+    if status is Status.CANCELLED:
+        return f"job cancelled after {took}: {s.error or run.reason}"
+    if status is Status.QUEUED:
+        return f"job handed back after {took} ({run.reason or 'worker stopping'})"
+    return f"job {status.value} after {took}"
 
 
 class _Port:
@@ -906,8 +1059,10 @@ class _Heartbeat(threading.Thread):
         loop: asyncio.AbstractEventLoop,
         on_lost: Callable[[list[_Run]], None],
         on_cancel_requested: Callable[[frozenset[str]], None],
+        metrics: Metrics | None = None,
     ) -> None:
         super().__init__(name="conveyor-heartbeat", daemon=True)
+        self.latency = None if metrics is None else metrics.store_seconds.labels("heartbeat")
         self.worker_id = worker_id
         self.lease = lease
         self.leases = leases
@@ -971,6 +1126,8 @@ class _Heartbeat(threading.Thread):
                 self.leases.restore_progress(progress)
                 self._fence(runs, time.monotonic())
                 continue
+            if self.latency is not None:
+                self.latency.observe(time.monotonic() - started)
             if failures:
                 log.warning("heartbeat reaches the database again")
             failures = 0

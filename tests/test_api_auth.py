@@ -21,7 +21,11 @@ from tests.apps.api import build
 CALLERS = ["none", "bad", "revoked", "other_tenant", "read", "write", "admin"]
 # The role each kind of caller holds; other_tenant writes, for another tenant.
 HOLDS = {"other_tenant": Role.WRITE, "read": Role.READ, "write": Role.WRITE, "admin": Role.ADMIN}
-SUCCESS = {("POST", "/jobs"): 202, ("POST", "/jobs/{job_id}/retry"): 202}
+SUCCESS = {
+    ("POST", "/jobs"): 202,
+    ("POST", "/jobs/{job_id}/retry"): 202,
+    ("POST", "/schedules/{name}/run"): 202,
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ def test_the_route_table_covers_every_spec_route() -> None:
         ("GET", "/queues"),
         ("POST", "/queues/{name}/pause"),
         ("POST", "/queues/{name}/resume"),
+        ("GET", "/schedules"),
+        ("POST", "/schedules/{name}/run"),
+        ("POST", "/schedules/{name}/enable"),
+        ("POST", "/schedules/{name}/disable"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),
         ("GET", "/metrics"),
@@ -79,6 +87,9 @@ def test_the_route_table_covers_every_spec_route() -> None:
 @pytest.fixture
 async def app(db_url: str) -> AsyncIterator[Conveyor]:
     application = build(db_url)
+    # A schedule for the /schedules/{name} routes, named like the queue of /queues/{name}.
+    application.schedule("default", "0 3 * * *", "add", {"a": 1, "b": 2})
+    await application.sync_schedules()
     yield application
     await application.close()
 
@@ -88,7 +99,8 @@ async def snapshot(app: Conveyor) -> Any:
     page = await app.page_jobs(top_level=False, limit=1000)
     jobs = sorted((h.id, h.status.value, h.record.cancel_requested) for h in page.jobs)
     queues = sorted((q.name, q.paused) for q in await app.queues())
-    return jobs, queues
+    schedules = sorted((i.schedule.name, i.enabled) for i in await app.list_schedules())
+    return jobs, queues, schedules
 
 
 async def test_every_route_for_every_caller(app: Conveyor) -> None:
@@ -143,4 +155,6 @@ async def test_every_route_for_every_caller(app: Conveyor) -> None:
                         mismatches.append(f"{case}: 401 without WWW-Authenticate")
                 if endpoint.path.startswith("/queues/") and r.status_code == 200:
                     await app.resume("default")
+                if endpoint.path.startswith("/schedules/") and r.status_code < 300:
+                    await app.enable_schedule("default")
     assert not mismatches, "\n".join(mismatches)

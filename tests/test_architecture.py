@@ -23,6 +23,11 @@ LAYERS = [
                 "conveyor._registry",
                 "conveyor._resource",
                 "conveyor._handles",
+                # What a process tells of its jobs: log formats, metrics, hooks, spans.
+                "conveyor.logs",
+                "conveyor.metrics",
+                "conveyor.hooks",
+                "conveyor._tracing",
             }
         ),
     ),

@@ -67,6 +67,7 @@ class NewJob:
     root_id: str | None = None
     retry_of: str | None = None
     state: JSON = None  # initial checkpoint, e.g. carried over by a manual retry
+    trace_context: str | None = None  # the submitter's W3C traceparent, when traced
 
     def stored(self, status: Status, run_at: datetime, created_at: datetime) -> Job:
         """The job as a store has just inserted it, with the times the store decided."""
@@ -93,6 +94,7 @@ class NewJob:
             unique_key=self.unique_key,
             concurrency_key=self.concurrency_key,
             retry_of=self.retry_of,
+            trace_context=self.trace_context,
         )
 
 
@@ -137,6 +139,7 @@ class Job:
     lease_expires_at: datetime | None = None
     lease_token: int = 0
     cancel_requested: bool = False
+    trace_context: str | None = None  # the submitter's W3C traceparent, when traced
 
     @property
     def terminal(self) -> bool:

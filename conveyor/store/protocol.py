@@ -128,6 +128,15 @@ class Rescued:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLag:
+    """A queue's due jobs: how many, and how long the oldest has waited (seconds)."""
+
+    queue: str
+    due: int
+    oldest_age: float
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """Flow control a claim must respect, per job type.
 
@@ -362,3 +371,53 @@ class Store(Protocol):
 
     async def list_tokens(self) -> list[Token]:
         """Return every token, newest first."""
+
+    async def queue_lag(self) -> list[QueueLag]:
+        """Return, per queue with due jobs, their number and the oldest one's wait."""
+
+    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an entry to the audit log (who did what, when, on what)."""
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
+        queue wait, read by a range of the index on ``finished_at``."""
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        """Return the names of named leases ever taken, by name."""
+
+    async def running_by_worker(self) -> dict[str, int]:
+        """Count running jobs per worker id, on the index of running jobs' leases."""
+
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        """Count by status the jobs below ``job_id``: its children, or with ``whole_tree``
+        every job whose root it is (on the parent and root indexes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One action taken through the API or the dashboard: who, what, when, on what."""
+
+    at: datetime
+    tenant: str
+    token_id: str
+    action: str  # e.g. "job.cancel", "queue.pause", "schedule.run"
+    target: str  # what it acted on: a job id, a queue or schedule name
+    detail: str | None = None
+    id: int | None = None  # assigned by the store
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteStats:
+    """What ended during one minute."""
+
+    minute: datetime
+    succeeded: int
+    failed: int
+    wait_seconds: float | None  # mean of started_at - run_at over the jobs that ended

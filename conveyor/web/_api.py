@@ -276,7 +276,7 @@ async def retry_job(request: Request, job_id: JobId, view: Writer) -> Response:
     openapi_extra=_role(Role.READ),
 )
 async def list_workers(view: Reader) -> Response:
-    return JSONResponse({"workers": [answer.worker(w) for w in await view.app.workers()]})
+    return JSONResponse({"workers": [answer.worker(w) for w in await view.workers()]})
 
 
 @router.get(
@@ -288,7 +288,7 @@ async def list_workers(view: Reader) -> Response:
     openapi_extra=_role(Role.READ),
 )
 async def list_queues(view: Reader) -> Response:
-    return JSONResponse({"queues": [answer.queue(q) for q in await view.app.queues()]})
+    return JSONResponse({"queues": [answer.queue(q) for q in await view.queues()]})
 
 
 @router.post(
@@ -300,8 +300,8 @@ async def list_queues(view: Reader) -> Response:
     openapi_extra=_role(Role.ADMIN),
 )
 async def pause_queue(name: QueueName, view: Admin) -> Response:
-    await view.app.pause(name)
-    return JSONResponse(answer.queue_named(await view.app.queues(), name))
+    await view.pause(name)
+    return JSONResponse(answer.queue_named(await view.queues(), name))
 
 
 @router.post(
@@ -313,8 +313,66 @@ async def pause_queue(name: QueueName, view: Admin) -> Response:
     openapi_extra=_role(Role.ADMIN),
 )
 async def resume_queue(name: QueueName, view: Admin) -> Response:
-    await view.app.resume(name)
-    return JSONResponse(answer.queue_named(await view.app.queues(), name))
+    await view.resume(name)
+    return JSONResponse(answer.queue_named(await view.queues(), name))
+
+
+ScheduleName = Annotated[
+    str, Path(min_length=1, max_length=200, pattern=s.NUL_FREE, description="A schedule.")
+]
+
+
+@router.get(
+    "/schedules",
+    response_model=s.ScheduleListOut,
+    summary="Cron schedules with their next and last run",
+    tags=["operations"],
+    responses=problems(*_AUTH_ERRORS),
+    openapi_extra=_role(Role.READ),
+)
+async def list_schedules(view: Reader) -> Response:
+    return JSONResponse({"schedules": [answer.schedule(i) for i in await view.schedules()]})
+
+
+@router.post(
+    "/schedules/{name}/run",
+    status_code=202,
+    response_model=s.JobOut,
+    summary="Submit a schedule's job now, outside its ticks",
+    tags=["operations"],
+    responses={
+        202: {"headers": {"Location": header("The new job's URL.")}},
+        **problems(401, 403, 404, 422, 503),
+    },
+    openapi_extra=_role(Role.ADMIN),
+)
+async def run_schedule(request: Request, name: ScheduleName, view: Admin) -> Response:
+    job = await view.run_schedule(name)
+    return answer.accepted(job, prefix=answer.jobs_prefix(request))
+
+
+@router.post(
+    "/schedules/{name}/enable",
+    response_model=s.ScheduleOut,
+    summary="Enable a schedule (its ticks restart from now)",
+    tags=["operations"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.ADMIN),
+)
+async def enable_schedule(name: ScheduleName, view: Admin) -> Response:
+    return JSONResponse(answer.schedule(await view.enable_schedule(name, True)))
+
+
+@router.post(
+    "/schedules/{name}/disable",
+    response_model=s.ScheduleOut,
+    summary="Disable a schedule: it fires no more until enabled",
+    tags=["operations"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.ADMIN),
+)
+async def disable_schedule(name: ScheduleName, view: Admin) -> Response:
+    return JSONResponse(answer.schedule(await view.enable_schedule(name, False)))
 
 
 # -- health and metrics -----------------------------------------------------------------------

@@ -26,6 +26,7 @@ class ApiOptions:
     max_wait: float = 60.0  # the longest ?wait= a long poll may ask for, in seconds
     wait_tick: float = 0.1  # how often the shared long-poll loop reads waited-for jobs
     title: str = "conveyor"
+    dashboard: bool = True  # serve the dashboard at /ui (docs/dashboard.md)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
@@ -67,4 +68,8 @@ def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
     api.add_middleware(MetricsMiddleware, metrics=metrics)
     api.include_router(router)
     _openapi.install(api, app, opts)
+    if opts.dashboard:
+        from conveyor.web.ui import create_dashboard
+
+        api.mount("/ui", create_dashboard(app), name="dashboard")
     return api

@@ -12,9 +12,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.client import Conveyor, Health
 from conveyor.core.lifecycle import Status
-from conveyor.store import QueueInfo
+from conveyor.store import QueueInfo, QueueLag
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Scrapes within this many seconds share one read of the cluster's gauges, so that
+# several Prometheus servers (or a dashboard) scraping at once cost one round of queries.
+CLUSTER_CACHE_SECONDS = 1.0
 
 
 class ApiMetrics:
@@ -39,6 +43,7 @@ class ApiMetrics:
             "Requests waiting now for a job to end (GET /jobs/{id}?wait=...).",
             registry=self.registry,
         )
+        self.cluster: tuple[float, list[Metric]] | None = None  # (read at, families)
 
 
 class MetricsMiddleware:
@@ -80,17 +85,48 @@ class _Snapshot(Collector):
 
 
 async def render(app: Conveyor, metrics: ApiMetrics, *, polls: int) -> bytes:
-    """Return the text exposition of every metric, the cluster's read now."""
-    queues = await app.queues()
-    health = await app.health()
+    """Return the text exposition of every metric: the API's, the application's jobs
+    submitted (and run, with ``serve --with-worker``) in this process, and the cluster's,
+    read from the database at most once a second."""
+    now = time.monotonic()
+    cached = metrics.cluster
+    if cached is not None and now - cached[0] < CLUSTER_CACHE_SECONDS:
+        cluster = cached[1]
+    else:
+        queues = await app.queues()
+        health = await app.health()
+        lag = await app.queue_lag()
+        cluster = [*_cluster(queues, health), *_lag(lag)]
+        metrics.cluster = (now, cluster)
     queries = CounterMetricFamily(
         "conveyor_http_long_poll_queries",
         "Queries made by the shared long-poll loop (one per tick, however many wait).",
     )
     queries.add_metric([], float(polls))
     snapshot = CollectorRegistry()
-    snapshot.register(_Snapshot([*_cluster(queues, health), queries]))
-    return generate_latest(metrics.registry) + generate_latest(snapshot)
+    snapshot.register(_Snapshot([*cluster, queries]))
+    return (
+        generate_latest(metrics.registry)
+        + generate_latest(app.metrics.registry)
+        + generate_latest(snapshot)
+    )
+
+
+def _lag(lag: list[QueueLag]) -> list[Metric]:
+    due = GaugeMetricFamily(
+        "conveyor_queue_due_jobs",
+        "Queued jobs whose run_at has passed, by queue.",
+        labels=["queue"],
+    )
+    oldest = GaugeMetricFamily(
+        "conveyor_queue_oldest_due_seconds",
+        "How long the oldest due job of each queue has waited (absent: none is due).",
+        labels=["queue"],
+    )
+    for q in lag:
+        due.add_metric([q.queue], float(q.due))
+        oldest.add_metric([q.queue], q.oldest_age)
+    return [due, oldest]
 
 
 def _cluster(queues: list[QueueInfo], health: Health) -> list[Metric]:

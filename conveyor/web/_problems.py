@@ -25,6 +25,7 @@ from conveyor.errors import (
     InvalidPayload,
     InvalidState,
     JobNotFound,
+    ScheduleNotFound,
     TokenNotFound,
     UnknownJobType,
 )
@@ -133,6 +134,7 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 _STATUS: list[tuple[type[Exception], int]] = [
     (JobNotFound, 404),
     (TokenNotFound, 404),
+    (ScheduleNotFound, 404),
     (Forbidden, 403),
     (IdempotencyConflict, 409),
     (InvalidState, 409),
@@ -206,3 +208,8 @@ def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(ConveyorError, on_conveyor)
     api.add_exception_handler(IllegalTransition, on_conveyor)
     api.add_exception_handler(Exception, on_unexpected)
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status of a conveyor error (400 for one not listed)."""
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), 400)

@@ -18,7 +18,7 @@ from conveyor._resource import iso, job_resource, job_url
 from conveyor.client import Health
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
-from conveyor.store import QueueInfo, WorkerInfo
+from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
 
 
 def accepted(
@@ -136,6 +136,20 @@ def queue_named(queues: list[QueueInfo], name: str) -> dict[str, Any]:
         if q.name == name:
             return queue(q)
     return {"name": name, "paused": False, "counts": {}}
+
+
+def schedule(info: ScheduleInfo) -> dict[str, Any]:
+    sched = info.schedule
+    return {
+        "name": sched.name,
+        "cron": sched.cron.expression,
+        "timezone": sched.cron.timezone,
+        "type": sched.type,
+        "queue": sched.queue,
+        "enabled": info.enabled,
+        "next_run_at": iso(info.next_run_at),
+        "last_run_at": iso(info.last_run_at),
+    }
 
 
 def health(h: Health) -> dict[str, Any]:

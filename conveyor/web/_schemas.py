@@ -171,6 +171,21 @@ class QueueListOut(BaseModel):
     queues: list[QueueOut]
 
 
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    timezone: str
+    type: str
+    queue: str
+    enabled: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+
+
+class ScheduleListOut(BaseModel):
+    schedules: list[ScheduleOut]
+
+
 class LiveOut(BaseModel):
     status: Literal["alive"]
 

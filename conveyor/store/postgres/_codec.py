@@ -23,7 +23,7 @@ from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Lease, Submitted
 
 T = TypeVar("T")
 
@@ -78,6 +78,7 @@ def _job_of(
     retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
     lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
     cancel_requested: bool,
+    trace_context: str | None,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -114,6 +115,7 @@ def _job_of(
         lease_expires_at=None if lease_expires_at is None else utc(lease_expires_at),
         lease_token=lease_token,
         cancel_requested=cancel_requested,
+        trace_context=trace_context,
     )
 
 
@@ -168,6 +170,7 @@ def _submit_params(
                     "unique_key": j.unique_key,
                     "concurrency_key": j.concurrency_key,
                     "retry_of": j.retry_of,
+                    "trace_context": j.trace_context,
                 }
                 for j in jobs
             ],
@@ -309,6 +312,29 @@ def run_steps_sync(conn: psycopg.Connection[Any], steps: Script[T]) -> T:
             with conn.transaction():
                 return drive(steps, execute)
         return drive(steps, execute)
+
+
+def heartbeat_params(
+    worker_id: str,
+    leases: Sequence[Lease],
+    lease: float,
+    progress: Mapping[Lease, Progress],
+    now: datetime | None,
+) -> dict[str, Any]:
+    """The parameters of one heartbeat: every lease held or with progress to write."""
+    keys = list(dict.fromkeys([*leases, *progress]))
+    held = set(leases)
+    return {
+        "worker_id": worker_id,
+        "lease": float(lease),
+        "now": now,
+        "ids": [k.job_id for k in keys],
+        "tokens": [k.token for k in keys],
+        "renew": [k in held for k in keys],
+        "done": [float(progress[k].done) if k in progress else None for k in keys],
+        "total": [as_float(progress[k].total) if k in progress else None for k in keys],
+        "message": [progress[k].message if k in progress else None for k in keys],
+    }
 
 
 def as_float(value: float | None) -> float | None:

@@ -42,8 +42,8 @@ from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
 from conveyor.store.postgres._codec import (
     DIALECT,
-    as_float,
     fetch_jobs,
+    heartbeat_params,
     job_of_row,
     on_database,
     run_steps,
@@ -68,13 +68,16 @@ from conveyor.store.postgres._connection import (
 from conveyor.store.postgres._errors import translated
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
+    AuditEntry,
     Beat,
     HealthCounts,
     JobPageQuery,
     Lease,
     LeaseRecord,
     Limits,
+    MinuteStats,
     QueueInfo,
+    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -527,19 +530,7 @@ class PostgresStore:
         lease: float,
         progress: Mapping[Lease, Progress],
     ) -> Beat:
-        keys = list(dict.fromkeys([*leases, *progress]))
-        held = set(leases)
-        params = {
-            "worker_id": worker_id,
-            "lease": float(lease),
-            "now": self._now(),
-            "ids": [k.job_id for k in keys],
-            "tokens": [k.token for k in keys],
-            "renew": [k in held for k in keys],
-            "done": [float(progress[k].done) if k in progress else None for k in keys],
-            "total": [as_float(progress[k].total) if k in progress else None for k in keys],
-            "message": [progress[k].message if k in progress else None for k in keys],
-        }
+        params = heartbeat_params(worker_id, leases, lease, progress, self._now())
         budget = max(0.05, min(lease * _HEARTBEAT_MARGIN_FRACTION, _HEARTBEAT_MARGIN_CAP) / 2)
 
         async def beat(conn: Connection) -> list[DictRow]:
@@ -787,3 +778,32 @@ class PostgresStore:
 
     async def list_tokens(self) -> list[Token]:
         return [scripts.token(DIALECT, row) for row in await self._fetch("list_tokens")]
+
+    async def queue_lag(self) -> list[QueueLag]:
+        rows = await self._fetch("queue_lag", {"now": self._now()})
+        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        await self._execute("record_audit", scripts.audit_params(entry))
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
+        rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
+        return [scripts.audit_entry(DIALECT, r) for r in rows]
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        rows = await self._fetch("minute_stats", {"since": since})
+        return [scripts.minute_stats(DIALECT, r) for r in rows]
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
+
+    async def running_by_worker(self) -> dict[str, int]:
+        return {r["lease_owner"] or "": int(r["n"]) for r in await self._fetch("running_by_worker")}
+
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        name = "count_tree" if whole_tree else "count_children"
+        rows = await self._fetch(name, {"job_id": job_id})
+        return {r["status"]: int(r["n"]) for r in rows}

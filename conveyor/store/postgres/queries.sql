@@ -24,7 +24,7 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 )
 SELECT
     n.id, n.type, n.queue, n.tenant, n.payload::json, %(status)s::text, n.priority,
@@ -34,19 +34,20 @@ SELECT
     n.root_id,
     CASE WHEN n.depends_on IS NOT NULL
          THEN ARRAY(SELECT json_array_elements_text(n.depends_on)) END,
-    n.unique_key, n.concurrency_key, n.retry_of, coalesce(%(now)s::timestamptz, now())
+    n.unique_key, n.concurrency_key, n.retry_of, n.trace_context,
+    coalesce(%(now)s::timestamptz, now())
 FROM ROWS FROM (
     json_to_recordset(%(jobs)s::json) AS (
         id text, type text, queue text, tenant text, payload text, priority integer,
         max_attempts integer, run_at timestamptz, delay float8, timeout float8,
         lease_seconds float8, backoff_base float8, backoff_cap float8, state text,
         parent_id text, root_id text, depends_on json, unique_key text,
-        concurrency_key text, retry_of text
+        concurrency_key text, retry_of text, trace_context text
     )
 ) WITH ORDINALITY AS n (
     id, type, queue, tenant, payload, priority, max_attempts, run_at, delay, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, position
+    unique_key, concurrency_key, retry_of, trace_context, position
 )
 ORDER BY n.position
 ON CONFLICT DO NOTHING
@@ -804,3 +805,59 @@ SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
 -- Which database a connection is on: its name and its server's start time, which tells
 -- two servers apart when their databases have the same name.
 SELECT current_database() AS database, pg_postmaster_start_time() AS started;
+
+-- name: queue_lag
+-- Per queue: queued jobs whose run_at has passed, and how long the oldest of them waits.
+SELECT queue, count(*) AS due,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(run_at))::float8
+           AS oldest_age
+FROM conveyor_jobs
+WHERE status = 'queued' AND run_at <= coalesce(%(now)s::timestamptz, now())
+GROUP BY queue;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (coalesce(%(at)s, now()), %(tenant)s, %(token_id)s, %(action)s, %(target)s, %(detail)s);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = %(tenant)s AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (an index-only range of conveyor_jobs_finished_at).
+SELECT date_trunc('minute', finished_at) AS minute,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       extract(epoch FROM avg(started_at - run_at))::float8 AS wait
+FROM conveyor_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s
+GROUP BY 1
+ORDER BY 1;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;
+
+-- name: count_children
+-- A job's children by status (on conveyor_jobs_parent).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = %(job_id)s GROUP BY status;
+
+-- name: count_tree
+-- Every job below a root, by status (on conveyor_jobs_root).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = %(job_id)s GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on held leases).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs
+WHERE lease_expires_at IS NOT NULL AND status = 'running'
+GROUP BY lease_owner;

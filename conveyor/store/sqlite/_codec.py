@@ -90,6 +90,7 @@ def _job_of(
     retry_of: str | None, started_at: float | None, finished_at: float | None,
     lease_owner: str | None, lease_expires_at: float | None, lease_token: int,
     cancel_requested: int,
+    trace_context: str | None,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -128,6 +129,7 @@ def _job_of(
         else datetime.fromtimestamp(lease_expires_at, UTC),
         lease_token=lease_token,
         cancel_requested=bool(cancel_requested),
+        trace_context=trace_context,
     )
 
 
@@ -155,6 +157,7 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
         "unique_key": job.unique_key,
         "concurrency_key": job.concurrency_key,
         "retry_of": job.retry_of,
+        "trace_context": job.trace_context,
         "now": now,
     }
 

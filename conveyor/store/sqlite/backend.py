@@ -26,13 +26,16 @@ from conveyor.errors import ConfigurationError, NotAConveyorDatabase
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store.protocol import (
+    AuditEntry,
     Beat,
     HealthCounts,
     JobPageQuery,
     Lease,
     LeaseRecord,
     Limits,
+    MinuteStats,
     QueueInfo,
+    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -547,3 +550,35 @@ class SQLiteStore:
 
     async def list_tokens(self) -> list[Token]:
         return [scripts.token(DIALECT, r) for r in await self._fetch("list_tokens")]
+
+    async def queue_lag(self) -> list[QueueLag]:
+        rows = await self._fetch("queue_lag", {"now": self._clock()})
+        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
+
+    # -- the dashboard: audit log, per-minute figures, named leases, counts --------------
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        params = encode(scripts.audit_params(entry), self._clock())
+        await self._write(lambda conn: conn.execute(_Q["record_audit"], params))
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
+        rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
+        return [scripts.audit_entry(DIALECT, r) for r in rows]
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        rows = await self._fetch("minute_stats", {"since": epoch(since)})
+        return [scripts.minute_stats(DIALECT, r) for r in rows]
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
+
+    async def running_by_worker(self) -> dict[str, int]:
+        return {r["lease_owner"] or "": r["n"] for r in await self._fetch("running_by_worker")}
+
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        name = "count_tree" if whole_tree else "count_children"
+        rows = await self._fetch(name, {"job_id": job_id})
+        return {r["status"]: r["n"] for r in rows}

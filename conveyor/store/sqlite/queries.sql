@@ -6,11 +6,11 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 ) VALUES (
     :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
     :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
-    :depends_on, :unique_key, :concurrency_key, :retry_of, :now
+    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :now
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -21,7 +21,7 @@ RETURNING *;
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, created_at
+    unique_key, concurrency_key, retry_of, trace_context, created_at
 )
 SELECT
     json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
@@ -33,7 +33,7 @@ SELECT
     json_extract(value, '$.state'), json_extract(value, '$.parent_id'),
     json_extract(value, '$.root_id'), json_extract(value, '$.depends_on'),
     json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
-    json_extract(value, '$.retry_of'), :now
+    json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'), :now
 FROM json_each(:jobs)
 WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
 ORDER BY key
@@ -623,3 +623,57 @@ SELECT version FROM conveyor_migrations;
 -- name: record_migration
 -- Record a migration as applied.
 INSERT INTO conveyor_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- name: queue_lag
+-- Per queue: queued jobs whose run_at has passed, and how long the oldest of them waits.
+SELECT queue, count(*) AS due, :now - min(run_at) AS oldest_age
+FROM conveyor_jobs
+WHERE status = 'queued' AND run_at <= :now
+GROUP BY queue;
+
+-- name: record_audit
+-- Append an entry to the audit log.
+INSERT INTO conveyor_audit (at, tenant, token_id, action, target, detail)
+VALUES (:at, :tenant, :token_id, :action, :target, :detail);
+
+-- name: audit_log
+-- Audit entries of every tenant, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: tenant_audit_log
+-- One tenant's audit entries, newest first, before an id.
+SELECT * FROM conveyor_audit
+WHERE tenant = :tenant AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: minute_stats
+-- Per minute since :since: jobs that ended succeeded or failed and their mean queue wait
+-- (a range of conveyor_jobs_finished_at, which covers these columns).
+SELECT CAST(finished_at / 60 AS INTEGER) * 60 AS minute,
+       sum(status = 'succeeded') AS succeeded,
+       sum(status = 'failed') AS failed,
+       avg(started_at - run_at) AS wait
+FROM conveyor_jobs INDEXED BY conveyor_jobs_finished_at
+WHERE finished_at IS NOT NULL AND finished_at >= :since
+GROUP BY minute
+ORDER BY minute;
+
+-- name: lease_names
+-- Names of the named leases ever taken.
+SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;
+
+-- name: count_children
+-- A job's children by status (on conveyor_jobs_parent).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :job_id GROUP BY status;
+
+-- name: count_tree
+-- Every job below a root, by status (on conveyor_jobs_root).
+SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = :job_id GROUP BY status;
+
+-- name: running_by_worker
+-- Running jobs per worker (on conveyor_jobs_leases, partial on running jobs).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
+WHERE status = 'running' AND lease_expires_at IS NOT NULL
+GROUP BY lease_owner;

@@ -1,0 +1,174 @@
+"""Prometheus metrics of one process: the jobs it submitted and the attempts it ran.
+
+Every :class:`~conveyor.Conveyor` has its own :class:`Metrics` (``app.metrics``) in a
+registry of its own, so several applications or test cases in one process never count
+into each other. A worker process serves them with ``conveyor worker --metrics-port N``;
+``conveyor serve`` adds them to ``/metrics``. Counters are per process: Prometheus sums
+them across workers (``sum by (type) (rate(conveyor_jobs_succeeded_total[5m]))``).
+Gauges of the whole cluster (queue depth, the oldest due job) come from the database,
+once, on the server's ``/metrics``, not from each worker.
+
+What each counter counts, per job type and queue:
+
+- ``submitted``: jobs created by this process (an existing job returned for the same
+  id or unique key is not counted);
+- ``started``: attempts begun; ``succeeded``, ``failed`` (ended failed, no attempt
+  left), ``retried`` (failed or timed out, queued again), ``cancelled``: attempt
+  outcomes recorded in the database by this worker;
+- ``rescued``: jobs whose lease expired, found by this process's rescue duty;
+- ``lease_losses``: runs this worker stopped because it lost their lease.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+# Run times of jobs span milliseconds to hours.
+_RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30, 60, 300, 1800, 3600)
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, float("inf"))
+
+# The attempt counters: (attribute, metric name, help).
+_COUNTERS = (
+    ("started", "conveyor_jobs_started", "Attempts started by this worker."),
+    ("succeeded", "conveyor_jobs_succeeded", "Attempts that ended the job succeeded."),
+    ("failed", "conveyor_jobs_failed", "Attempts that ended the job failed (no retry left)."),
+    ("retried", "conveyor_jobs_retried", "Failed or timed-out attempts queued for a retry."),
+    ("cancelled", "conveyor_jobs_cancelled", "Attempts that ended the job cancelled."),
+    ("rescued", "conveyor_jobs_rescued", "Jobs found with an expired lease by this process."),
+    ("lease_losses", "conveyor_lease_losses", "Runs stopped because their lease was lost."),
+)
+
+
+class Buckets:
+    """A histogram's counts, kept as plain numbers (see :class:`TypeMetrics`)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, total = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(total)))
+        return out
+
+
+class TypeMetrics:
+    """The numbers of one (job type, queue), looked up once per attempt.
+
+    The worker's counters are plain attributes it adds to on its event loop, read when
+    Prometheus scrapes: an attempt costs a few additions, not a lock per metric.
+    ``submitted`` is a prometheus_client counter, since any thread may submit.
+    """
+
+    __slots__ = (
+        "cancelled",
+        "failed",
+        "lease_losses",
+        "rescued",
+        "retried",
+        "run_seconds",
+        "running",
+        "started",
+        "submitted",
+        "succeeded",
+        "wait_seconds",
+    )
+
+    def __init__(self, metrics: Metrics, type: str, queue: str) -> None:
+        self.submitted = metrics.submitted.labels(type, queue)
+        self.started = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.retried = 0
+        self.cancelled = 0
+        self.rescued = 0
+        self.lease_losses = 0
+        self.running = 0
+        self.run_seconds = Buckets(_RUN_BUCKETS)
+        self.wait_seconds = Buckets(_RUN_BUCKETS)
+
+
+class Metrics:
+    """The counters, histograms and gauges of one application in this process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.submitted = Counter(
+            "conveyor_jobs_submitted",
+            "Jobs created by this process.",
+            ("type", "queue"),
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "conveyor_store_seconds",
+            "Round-trip time of the worker's store calls, by operation.",
+            ("operation",),
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self._children: dict[tuple[str, str], TypeMetrics] = {}
+        r.register(_Attempts(self._children))
+
+    def of(self, type: str, queue: str) -> TypeMetrics:
+        """The metrics of one job type and queue (cached: cheap on the hot path)."""
+        found = self._children.get((type, queue))
+        if found is None:
+            found = self._children[(type, queue)] = TypeMetrics(self, type, queue)
+        return found
+
+
+class _Attempts(Collector):
+    """Turns the plain numbers of every (type, queue) into metrics when scraped."""
+
+    def __init__(self, children: dict[tuple[str, str], TypeMetrics]) -> None:
+        self.children = children
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["type", "queue"]
+        children = list(self.children.items())
+        for attribute, name, doc in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for key, m in children:
+                family.add_metric(list(key), float(getattr(m, attribute)))
+            yield family
+        running = GaugeMetricFamily(
+            "conveyor_jobs_running", "Attempts running now in this worker.", labels=labels
+        )
+        for key, m in children:
+            running.add_metric(list(key), float(m.running))
+        yield running
+        for attribute, name, doc in (
+            ("run_seconds", "conveyor_job_run_seconds", "An attempt's run time."),
+            (
+                "wait_seconds",
+                "conveyor_job_queue_wait_seconds",
+                "Time from when a job was due to when an attempt claimed it.",
+            ),
+        ):
+            histogram = HistogramMetricFamily(name, doc, labels=labels)
+            for key, m in children:
+                b: Buckets = getattr(m, attribute)
+                histogram.add_metric(list(key), b.cumulative(), b.sum)
+            yield histogram
+
+
+__all__ = ["Buckets", "Metrics", "TypeMetrics"]

@@ -1,0 +1,4 @@
+-- The submitter's trace context (a W3C traceparent), so that a job's attempts appear in
+-- the trace of the request that submitted it. NULL when the submitter was not traced.
+-- A nullable column without a default: adding it rewrites no row.
+ALTER TABLE conveyor_jobs ADD COLUMN IF NOT EXISTS trace_context text;

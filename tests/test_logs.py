@@ -1,0 +1,191 @@
+"""The worker's log lines: one per attempt outcome, each carrying the job's fields."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from conveyor import Conveyor, JobContext, Retry, Status
+from conveyor.logs import JsonFormatter, TextFormatter, configure
+from tests.helpers import running_worker, settled
+
+FIELDS = ("job_id", "job_type", "queue", "attempt", "worker")
+
+
+@pytest.fixture
+def root_logger() -> Iterator[None]:
+    """Put the root logger's handlers and level back after a test that configures it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def lines_of(caplog: pytest.LogCaptureFixture, job_id: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "job_id", None) == job_id]
+
+
+async def test_success_is_one_info_line_with_the_duration(
+    app: Conveyor, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.job()
+    async def add(ctx: JobContext, a: int) -> int:
+        return a + 1
+
+    caplog.set_level(logging.DEBUG, logger="conveyor")
+    job = await add.submit(a=1)
+    async with running_worker(app) as worker:
+        await settled(job, Status.SUCCEEDED)
+    records = lines_of(caplog, job.id)
+    assert [(r.levelname, r.getMessage().split(" in ")[0]) for r in records] == [
+        ("DEBUG", "job started (attempt 1/3)"),
+        ("INFO", "job succeeded"),
+    ]
+    done = records[1]
+    assert done.getMessage().endswith("s") and done.duration >= 0  # type: ignore[attr-defined]
+    for record in records:
+        assert (record.job_type, record.queue, record.attempt, record.worker) == (  # type: ignore[attr-defined]
+            "add",
+            "default",
+            1,
+            worker.id,
+        )
+
+
+async def test_a_retried_failure_says_attempt_n_of_max_and_when_it_retries(
+    app: Conveyor, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.job(max_attempts=2, backoff=("10ms", "10ms"))
+    async def flaky(ctx: JobContext) -> None:
+        raise ValueError(f"boom {ctx.attempt}")
+
+    caplog.set_level(logging.INFO, logger="conveyor")
+    job = await flaky.submit()
+    async with running_worker(app):
+        await settled(job, Status.FAILED)
+    first, last = lines_of(caplog, job.id)
+    assert first.levelname == "INFO"
+    assert first.getMessage().startswith("job failed (attempt 1/2) after ")
+    assert "ValueError: boom 1; retry at 20" in first.getMessage()
+    assert first.retry_at and first.attempt == 1  # type: ignore[attr-defined]
+    assert last.levelname == "ERROR"
+    assert "(attempt 2/2, no retry left)" in last.getMessage()
+    assert "ValueError: boom 2" in last.getMessage()
+    assert "Traceback" in last.traceback and 'raise ValueError(f"boom' in last.traceback  # type: ignore[attr-defined]
+    text = TextFormatter().format(last)
+    assert text.splitlines()[0].endswith(f"worker={last.worker}")  # type: ignore[attr-defined]
+    assert "Traceback (most recent call last)" in text
+
+
+async def test_retry_cancel_and_timeout_lines(
+    app: Conveyor, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.job(max_attempts=2)
+    async def later(ctx: JobContext) -> str:
+        if ctx.attempt == 1:
+            raise Retry(after=0.01, reason="not yet")
+        return "ok"
+
+    @app.job()
+    async def stopper(ctx: JobContext) -> None:
+        from conveyor import Cancel
+
+        raise Cancel("no longer needed")
+
+    @app.job(max_attempts=1, timeout="50ms")
+    async def slow(ctx: JobContext) -> None:
+        import asyncio
+
+        await asyncio.sleep(10)
+
+    caplog.set_level(logging.INFO, logger="conveyor")
+    a, b, c = await later.submit(), await stopper.submit(), await slow.submit()
+    async with running_worker(app):
+        await settled(a, Status.SUCCEEDED)
+        await settled(b, Status.CANCELLED)
+        await settled(c, Status.FAILED)
+    retried, succeeded = (r.getMessage() for r in lines_of(caplog, a.id))
+    assert "failed (attempt 1/2)" in retried and "retry requested: not yet" in retried
+    assert succeeded.startswith("job succeeded")
+    (cancelled,) = lines_of(caplog, b.id)
+    assert cancelled.getMessage().startswith("job cancelled after ")
+    assert cancelled.getMessage().endswith("no longer needed")
+    (timed_out,) = lines_of(caplog, c.id)
+    assert timed_out.getMessage().startswith("job timed out (attempt 1/1, no retry left)")
+
+
+async def test_a_lost_lease_is_one_warning(app: Conveyor, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    started = asyncio.Event()
+
+    @app.job(max_attempts=1)
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    caplog.set_level(logging.INFO, logger="conveyor")
+    job = await long.submit()
+    async with running_worker(app) as worker:
+        await started.wait()
+        (run,) = worker.held()
+        worker._on_lost([run])  # what the heartbeat does when the lease is gone
+    (lost,) = lines_of(caplog, job.id)
+    assert lost.levelname == "WARNING"
+    assert lost.getMessage().startswith("job lease lost; its result is dropped")
+
+
+async def test_ctx_log_lines_carry_the_job_fields(
+    app: Conveyor, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.job()
+    def report(ctx: JobContext) -> None:
+        ctx.log.info("hello from %s", "the handler")
+
+    caplog.set_level(logging.INFO, logger="conveyor")
+    job = await report.submit()
+    async with running_worker(app) as worker:
+        await settled(job, Status.SUCCEEDED)
+    (line,) = [r for r in lines_of(caplog, job.id) if r.name == "conveyor.job.report"]
+    assert line.getMessage() == "hello from the handler"
+    assert (line.job_type, line.attempt, line.worker) == ("report", 1, worker.id)  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_json_lines_are_one_object_each_with_the_fields() -> None:
+    stream = io.StringIO()
+    configure("INFO", "json", stream=stream)
+    logger = logging.getLogger("conveyor.worker")
+    logger.info(
+        "job succeeded in %.3fs",
+        0.5,
+        extra={"job_id": "j1", "job_type": "t", "queue": "q", "attempt": 2, "worker": "w"},
+    )
+    logger.error("boom\nsecond line", extra={"job_id": "j2", "traceback": "Traceback\n  x"})
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert {k: first[k] for k in FIELDS} == {
+        "job_id": "j1",
+        "job_type": "t",
+        "queue": "q",
+        "attempt": 2,
+        "worker": "w",
+    }
+    assert first["message"] == "job succeeded in 0.500s" and first["level"] == "INFO"
+    assert second["traceback"] == "Traceback\n  x" and second["message"] == "boom\nsecond line"
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_text_off_a_terminal_is_plain_single_lines() -> None:
+    stream = io.StringIO()
+    configure("INFO", "text", stream=stream)
+    long_message = "x" * 300
+    logging.getLogger("conveyor.worker").info(long_message, extra={"job_id": "j1"})
+    (line,) = stream.getvalue().splitlines()
+    assert line.endswith(f"INFO conveyor.worker: {long_message} job_id=j1")
+    assert isinstance(logging.getLogger().handlers[0].formatter, TextFormatter)
+    assert not isinstance(JsonFormatter(), TextFormatter)
