@@ -24,6 +24,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Progress, Settlement
 from conveyor.errors import InvalidState
 from conveyor.store import JobPageQuery, Lease, Retention, Store, create_store
+from conveyor.store.protocol import AuditEntry
 from tests.helpers import FakeClock, new, schema
 
 
@@ -571,3 +572,30 @@ async def test_upgrading_one_release_at_a_time_gives_the_schema_of_a_fresh_insta
         finally:
             await older.close()
     assert await schema(second_db_url) == await schema(db_url)
+
+
+async def test_the_dashboards_reads_count_what_the_store_holds(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.submit([new("root"), new("waiting", queue="media")])
+    (root,) = await claim(store, limit=1)
+    await store.spawn(Lease("root", root.lease_token), [new("c1"), new("c2")])
+    assert await store.running_by_worker() == {"w1": 1}
+    assert await store.count_below("root", whole_tree=False) == {"queued": 2}
+    assert (await store.count_below("root", whole_tree=True)).get("queued") == 2
+    clock.advance(5)
+    lag = {q.queue: q for q in await store.queue_lag()}
+    assert lag["media"].due == 1 and lag["media"].oldest_age == pytest.approx(5, abs=0.5)
+    for child in await claim(store):
+        done = Settlement(child.id, child.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        await store.settle([done])
+    since = datetime.fromtimestamp(clock.now - 3600, UTC)
+    assert sum(m.succeeded for m in await store.minute_stats(since)) == 2
+    await store.acquire_lease("export", owner="a", ttl=10)
+    assert await store.lease_names() == ["export"]
+    at = datetime.fromtimestamp(clock.now, UTC)
+    await store.record_audit(AuditEntry(at, "acme", "t1", "job.cancel", "root"))
+    await store.record_audit(AuditEntry(at, "other", "t2", "queue.pause", "media"))
+    (entry,) = await store.audit_log(tenant="acme")
+    assert (entry.action, entry.target, entry.id is not None) == ("job.cancel", "root", True)
+    assert [e.tenant for e in await store.audit_log()] == ["other", "acme"]
