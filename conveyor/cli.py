@@ -345,7 +345,7 @@ _log_format_option = click.option(
     type=DURATION,
     default="1s",
     show_default=True,
-    help="Time between checks for due schedule ticks.",
+    help="Longest wait between checks for due schedule ticks (workers also wake at each tick).",
 )
 @click.option(
     "--prune-interval",

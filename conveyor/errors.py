@@ -20,6 +20,15 @@ class DatabaseUnavailable(ConveyorError):
     """The database cannot be reached or opened."""
 
 
+class StorageError(DatabaseUnavailable):
+    """The database failed an operation: a full disk, an I/O error, a lock held too long,
+    a read-only or corrupt file, a lost connection. The message says which, and what to do.
+
+    A kind of :class:`DatabaseUnavailable`: the CLI exits with code 4, the API answers 503,
+    and workers back off and try again, so once the cause is fixed everything resumes.
+    """
+
+
 class NotAConveyorDatabase(ConfigurationError):
     """The database exists but holds something other than conveyor's tables."""
 
@@ -136,6 +145,7 @@ __all__ = [
     "LeaseLost",
     "NotAConveyorDatabase",
     "ScheduleNotFound",
+    "StorageError",
     "TokenNotFound",
     "UnknownJobType",
 ]

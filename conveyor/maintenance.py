@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from conveyor.core.cron import check_grace, next_check
 from conveyor.core.retry import pause_after_failures
 from conveyor.metrics import Metrics
 from conveyor.store import Rescued, Retention, Store
@@ -68,16 +69,36 @@ class ParentFinisher:
 
 @dataclass
 class CronFirer:
-    """Fires due schedule ticks; each tick fires once however many workers run this."""
+    """Fires due schedule ticks; each tick fires once however many workers run this.
+
+    ``interval`` is the longest wait between two looks (see :func:`on_the_clock`); a tick
+    up to twice that late still counts as on time, so a healthy cluster never skips one.
+    """
 
     store: Store
     batch: int = 100
+    interval: float = 1.0
+    jitter: float = 0.05  # at most, and at most a tenth of the interval
 
     async def run_once(self) -> list[str]:
-        fired = await self.store.fire_schedules(limit=self.batch)
+        fired = await self.store.fire_schedules(
+            limit=self.batch, min_grace=check_grace(self.interval)
+        )
         for job_id in fired:
             log.info("fired %s", job_id)
         return fired
+
+    async def next_delay(self) -> float:
+        """Seconds until the next look: the next tick of any enabled schedule, plus jitter."""
+        upcoming = [s.next_run_at for s in await self.store.schedules() if s.enabled]
+        if not upcoming:
+            return self.interval
+        jitter = random.uniform(0.0, min(self.jitter, self.interval / 10))
+        now = await self.store.now()  # the clock the store fires by
+        delay = next_check(upcoming, now=now, interval=self.interval, jitter=jitter)
+        # A tick still due right after a look (another worker is firing it, or it cannot
+        # be fired) must not turn the loop into a busy one.
+        return max(delay, min(self.jitter, self.interval))
 
 
 @dataclass
@@ -121,5 +142,31 @@ async def every(interval: float, duty: Duty, stop: asyncio.Event) -> None:
             pause = max(interval, pause_after_failures(failures - 1, jitter=random.random()))
         try:
             await asyncio.wait_for(stop.wait(), pause)
+        except TimeoutError:
+            pass
+
+
+async def on_the_clock(firer: CronFirer, stop: asyncio.Event) -> None:
+    """Fire schedules at their ticks until ``stop`` is set.
+
+    Each look waits for the next tick itself rather than a fixed interval after the last
+    look: workers that slept an interval plus the time their look took would drift later
+    together, until every tick of a short schedule was seen too late.
+    """
+    failures = 0
+    while not stop.is_set():
+        delay = firer.interval
+        try:
+            await firer.run_once()
+            delay = await firer.next_delay()
+            failures = 0
+        except Exception as exc:  # the database may be briefly unavailable
+            failures += 1
+            if failures == 1:
+                log.warning("firing schedules failed, will retry: %s", exc)
+        if failures > 1:  # as every(): a one-off failure retries on time; an outage backs off
+            delay = max(delay, pause_after_failures(failures - 1, jitter=random.random()))
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
         except TimeoutError:
             pass

@@ -62,7 +62,7 @@ from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
 from conveyor.logs import job_fields
-from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every
+from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
 
@@ -167,7 +167,8 @@ class _Leases:
     this object; nothing else touches the runs or the progress.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lease: float) -> None:
+        self.lease = lease  # the worker's, for jobs whose type sets none
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._progress: dict[Lease, Progress] = {}
@@ -185,10 +186,10 @@ class _Leases:
             self._runs[run.job.id] = run
             return previous
 
-    def hold_claimed(self, jobs: Sequence[Job], lease: float, sent: float) -> None:
+    def hold_claimed(self, jobs: Sequence[Job], sent: float) -> None:
         """Hold the leases of jobs just claimed, until the loop starts them (any thread)."""
         for job in jobs:
-            run = _Run(job=job, lease=job.lease or lease, renewed_at=sent)
+            run = _Run(job=job, lease=job.lease or self.lease, renewed_at=sent)
             self._claimed.append((run, self.hold(run)))
 
     def take_claimed(self) -> list[tuple[_Run, _Run | None]]:
@@ -311,7 +312,7 @@ class Worker:
         self.options = options
         self.id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         self.queues = options.queues or tuple(app.registry.queues())
-        self.leases = _Leases()
+        self.leases = _Leases(options.lease)
         self._active = 0
         self._outbox: list[tuple[_Run, Settlement]] = []
         self._phase = _Phase.RUNNING
@@ -404,16 +405,20 @@ class Worker:
         duties = (
             ("conveyor-rescue", options.rescue_interval, Rescuer(store, metrics=self._metrics)),
             ("conveyor-finish-parents", options.rescue_interval, ParentFinisher(store)),
-            ("conveyor-cron", options.cron_interval, CronFirer(store)),
             (
                 "conveyor-prune",
                 options.prune_interval,
                 Pruner(store, self.app.retention(options.retention)),
             ),
         )
+        # Cron keeps to the wall clock: it sleeps to the next tick, not a fixed interval.
+        cron = on_the_clock(CronFirer(store, interval=options.cron_interval), stop)
         return [
-            asyncio.create_task(every(interval, duty, stop), name=name)
-            for name, interval, duty in duties
+            *(
+                asyncio.create_task(every(interval, duty, stop), name=name)
+                for name, interval, duty in duties
+            ),
+            asyncio.create_task(cron, name="conveyor-cron"),
         ]
 
     def stop(self) -> None:
@@ -458,6 +463,7 @@ class Worker:
                 # The database starts the lease at some moment after this one: counting
                 # from here, the worker never believes it holds a lease longer than it does.
                 sent = time.monotonic()
+                hold = functools.partial(self.leases.hold_claimed, sent=sent)
                 try:
                     claimed = await store.claim(
                         worker_id=self.id,
@@ -465,18 +471,14 @@ class Worker:
                         limit=free,
                         lease=self.options.lease,
                         limits=_limits(self._limited, self.leases.snapshot()),
-                        # On the store's thread: the heartbeat renews the claimed
-                        # leases from then on, however long the event loop is blocked.
-                        on_claimed=functools.partial(
-                            self.leases.hold_claimed, lease=self.options.lease, sent=sent
-                        ),
+                        on_claimed=hold,  # renewed from then on, whatever the loop does
                     )
                     if self._metrics is not None:
                         self._metrics.store_seconds.labels("claim").observe(time.monotonic() - sent)
                     if failures:
                         log.warning("database reachable again; claiming resumed")
                     failures = 0
-                except ConveyorError:
+                except ConfigurationError:  # retrying cannot fix a setting
                     raise
                 except Exception as exc:  # the database may be restarting: back off, retry
                     failures += 1
@@ -485,8 +487,7 @@ class Worker:
                     await self._sleep(pause_after_failures(failures, jitter=random.random()))
                     continue
                 finally:
-                    # Whatever became of the call, the jobs it leased are run (or handed
-                    # back): a claim that committed is never left to expire unseen.
+                    # Whatever came of the call, the jobs it leased start (or go back).
                     self._start_claimed()
                 if len(claimed) == free:
                     continue  # more may be due; claim again as soon as slots free
@@ -545,8 +546,7 @@ class Worker:
             # The loop came back to this claim too late (it was blocked): another worker
             # may hold the job by now. Never start a handler on such a lease.
             log.warning("job %s: lease may have expired before its handler started", job.id)
-            run.interrupt = _Interrupt.LOST
-            run.done = True
+            run.interrupt, run.done = _Interrupt.LOST, True
             self.leases.release((run,))
             return
         self._active += 1

@@ -5,8 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from conveyor import Conveyor, JobHandle, Status, Worker, WorkerOptions
+from conveyor.core.model import NewJob
+
+
+@dataclass
+class FakeClock:
+    """A store clock that moves only when a test says so."""
+
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def new(job_id: str, **kw: object) -> NewJob:
+    """A job to submit straight to a store: type ``t``, payload ``{"n": 1}`` unless given."""
+    base: dict[str, object] = {"id": job_id, "type": "t", "payload": {"n": 1}}
+    base.update(kw)
+    return NewJob(**base)  # type: ignore[arg-type]
 
 
 def fast_options(**kw: object) -> WorkerOptions:
@@ -50,3 +72,44 @@ async def settled(job: JobHandle, status: Status | None = None, timeout: float =
     if status is not None:
         assert job.status is status, f"{job!r}: {job.error}"
     return job
+
+
+_POSTGRES_SCHEMA = [
+    "SELECT table_name, column_name, data_type, is_nullable, column_default "
+    "FROM information_schema.columns "
+    "WHERE table_schema = current_schema() AND table_name LIKE 'conveyor%' ORDER BY 1, 2",
+    "SELECT indexname, indexdef FROM pg_indexes "
+    "WHERE schemaname = current_schema() AND tablename LIKE 'conveyor%' ORDER BY 1",
+    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+    "WHERE conrelid::regclass::text LIKE 'conveyor%' ORDER BY 1",
+    "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1",
+    "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
+    "WHERE proname LIKE 'conveyor%' ORDER BY 1",
+]
+
+
+async def schema(url: str) -> list[list[tuple[object, ...]]]:
+    """The schema of conveyor's tables in a database, to compare two databases by."""
+    if url.startswith("sqlite:"):
+        import sqlite3
+
+        from conveyor.store.sqlite.backend import parse_sqlite_url
+
+        conn = sqlite3.connect(parse_sqlite_url(url))
+        try:
+            objects = conn.execute(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master "
+                "WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+            ).fetchall()
+            columns = [
+                conn.execute(f"SELECT * FROM pragma_table_xinfo('{name}')").fetchall()
+                for kind, name, _, _ in objects
+                if kind == "table"
+            ]
+            return [objects, *columns]
+        finally:
+            conn.close()
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url) as pg:
+        return [await (await pg.execute(query)).fetchall() for query in _POSTGRES_SCHEMA]

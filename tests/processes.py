@@ -1,8 +1,10 @@
-"""Real worker processes for tests: start ``conveyor worker`` subprocesses, signal them,
-and read what their handlers recorded outside the database."""
+"""Real worker processes for tests: start ``conveyor worker`` subprocesses, wait until
+they are registered, signal them, and read what their handlers recorded outside the
+database. The ``workers`` and ``procs_app`` fixtures (tests/conftest.py) build on this."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,7 +13,22 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.store import create_store
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# Short leases and intervals, so that process tests wait seconds rather than minutes.
+FAST = ("--lease", "1", "--rescue-interval", "0.2", "--poll-interval", "0.1")
+
+
+async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """Wait for a worker process to exit; return its exit code."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {proc.pid} still running after {timeout}s")
+        await asyncio.sleep(0.05)
+    return int(proc.returncode)
 
 
 @dataclass
@@ -42,6 +59,7 @@ class WorkerProcesses:
         env["CONVEYOR_TEST_RECORD"] = str(self.record_path)
         env["CONVEYOR_DATABASE_URL"] = self.db_url
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["COLUMNS"] = "1000"  # one log record per line, for tests that read the logs
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         command = [
             sys.executable,
@@ -85,6 +103,28 @@ class WorkerProcesses:
                     return r
             time.sleep(0.02)
         raise TimeoutError(f"no {event!r} record for job {job_id} within {timeout}s")
+
+    async def wait_registered(self, *, timeout: float = 60.0) -> None:
+        """Wait until every started worker that is still alive has registered itself.
+
+        A worker registers before it starts its duties, so after this every one of them
+        is claiming and firing. Start-up takes seconds on a loaded machine: wait for it,
+        never assume it.
+        """
+        store = create_store(self.db_url)
+        await store.open()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    alive = {p.pid for p in self.procs if p.poll() is None}
+                    if not alive:
+                        raise RuntimeError("no worker is running: see their logs")
+                    registered = {w.pid for w in await store.workers() if w.stopped_at is None}
+                    if alive <= registered:
+                        return
+                    await asyncio.sleep(0.05)
+        finally:
+            await store.close()
 
     def stop_all(self) -> None:
         for proc in self.procs:

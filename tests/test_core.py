@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import random
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -11,7 +12,16 @@ import pytest
 
 from conveyor import errors
 from conveyor.core import cron, durations, health, ids, lifecycle, model, retry
-from conveyor.core.cron import CatchUp, Cron, plan, tick_id
+from conveyor.core.cron import (
+    CatchUp,
+    Cron,
+    Schedule,
+    check_grace,
+    next_check,
+    plan,
+    plan_schedule,
+    tick_id,
+)
 from conveyor.core.lifecycle import TRANSITIONS, Event, IllegalTransition, Status, transition
 from conveyor.core.model import Outcome, after_failure
 from conveyor.core.retry import Backoff, backoff_delay
@@ -167,3 +177,76 @@ def test_catch_up_policies_after_ten_missed_ticks() -> None:
 def test_tick_ids_are_the_same_everywhere() -> None:
     tick = _utc(2026, 1, 1, 0, 0)
     assert tick_id("a", tick) == tick_id("a", tick.astimezone(ZoneInfo("Asia/Tokyo")))
+
+
+def _cron_cluster(
+    workers: int, *, seconds: int, look_takes: float, keep_time: bool, seed: int = 7
+) -> tuple[list[datetime], int]:
+    """Simulate workers firing an every-second schedule; return the ticks fired and missed.
+
+    The schedule row is shared (what the store's compare-and-set does); each worker looks
+    at ``now``, then its look takes up to ``look_takes`` seconds, then it waits: to the
+    next tick plus jitter (``keep_time``), or a fixed interval (the old loop).
+    """
+    rng = random.Random(seed)
+    interval = 1.0
+    schedule = Schedule("beat", Cron("* * * * * *"), "ping", {})
+    start = _utc(2026, 1, 1, 12, 0)
+    row = start + timedelta(seconds=1)  # next_run_at as stored
+    looks = [start + timedelta(seconds=rng.random()) for _ in range(workers)]
+    fired: list[datetime] = []
+    missed = 0
+    end = start + timedelta(seconds=seconds)
+    while (now := min(looks)) < end:
+        worker = looks.index(now)
+        if row <= now:
+            firing = plan_schedule(
+                schedule,
+                next_run_at=row,
+                now=now,
+                min_grace=check_grace(interval) if keep_time else 0.0,
+            )
+            fired.extend(firing.ticks)
+            missed += firing.missed
+            row = firing.next_run_at
+        done = now + timedelta(seconds=rng.uniform(0.0, look_takes))
+        if keep_time:
+            wait = next_check([row], now=done, interval=interval, jitter=rng.uniform(0, 0.05))
+        else:
+            wait = interval
+        looks[worker] = done + timedelta(seconds=wait)
+    return fired, missed
+
+
+@pytest.mark.parametrize("workers", [1, 5])
+def test_workers_keeping_to_the_clock_fire_every_tick_once_and_miss_none(workers: int) -> None:
+    # Looks that take up to 0.9 s (a loaded machine): still every tick, on time.
+    fired, missed = _cron_cluster(workers, seconds=600, look_takes=0.9, keep_time=True)
+    assert missed == 0
+    assert len(fired) == len(set(fired))
+    expected = [_utc(2026, 1, 1, 12, 0) + timedelta(seconds=s) for s in range(1, 600)]
+    assert sorted(fired)[: len(expected)] == expected
+
+
+def test_a_worker_waiting_a_fixed_interval_after_each_look_drifts_into_missing_ticks() -> None:
+    # The old loop: look, take a while, sleep the interval. The looks fall behind the
+    # clock until each tick is seen past its grace (half a second) and skipped.
+    fired, missed = _cron_cluster(1, seconds=600, look_takes=0.2, keep_time=False)
+    assert missed > 100  # 335 of 599 with this seed
+    assert len(fired) + missed == 599
+
+
+def test_a_stall_shorter_than_the_check_grace_fires_late_and_a_longer_outage_skips() -> None:
+    schedule = Schedule("beat", Cron("* * * * * *"), "ping", {})
+    tick = _utc(2026, 1, 1, 12, 0)
+    grace = check_grace(1.0)
+    stalled = plan_schedule(
+        schedule, next_run_at=tick, now=tick + timedelta(seconds=1.5), min_grace=grace
+    )
+    assert stalled.ticks == (tick, tick + timedelta(seconds=1)) and stalled.missed == 0
+    down = plan_schedule(
+        schedule, next_run_at=tick, now=tick + timedelta(seconds=10.5), min_grace=grace
+    )
+    assert down.ticks == (tick + timedelta(seconds=9), tick + timedelta(seconds=10))
+    assert down.missed == 9
+    assert down.next_run_at == tick + timedelta(seconds=11)

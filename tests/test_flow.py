@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -13,22 +12,13 @@ from conveyor import ConfigurationError, Conveyor, JobContext, Status
 from conveyor.core.cron import CatchUp, Cron, Schedule
 from conveyor.errors import LeaseHeld
 from conveyor.store import Retention, Store, create_store
-from tests.helpers import running_worker, settled
-from tests.test_store import FakeClock
+from tests.helpers import FakeClock, running_worker, settled
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     # On a minute boundary, so tick arithmetic in the tests reads plainly.
     return FakeClock(now=datetime(2026, 1, 1, 12, 0, tzinfo=UTC).timestamp())
-
-
-@pytest.fixture
-async def store(db_url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    s = create_store(db_url, clock=clock)
-    await s.open()
-    yield s
-    await s.close()
 
 
 def every_minute(name: str = "tick", catch_up: CatchUp = CatchUp.SKIP, limit: int = 10) -> Schedule:

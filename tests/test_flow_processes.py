@@ -7,36 +7,19 @@ import itertools
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from conveyor import Conveyor, JobHandle, Status, Submission
-from tests.processes import ROOT, WorkerProcesses
+from conveyor.core.cron import tick_id
+from conveyor.store import Store, create_store
+from tests.helpers import eventually
+from tests.processes import FAST, ROOT, WorkerProcesses
 
 pytestmark = pytest.mark.processes
-
-FAST = ("--lease", "1", "--rescue-interval", "0.2", "--poll-interval", "0.1")
-
-
-@pytest.fixture
-def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
-    procs = WorkerProcesses(db_url, tmp_path / "runs.log", tmp_path)
-    yield procs
-    procs.stop_all()
-
-
-@pytest.fixture
-async def client(db_url: str) -> AsyncIterator[Conveyor]:
-    from tests.apps import procs
-
-    app = procs.app
-    app.url = db_url
-    await app.migrate()
-    yield app
-    await app.close()
 
 
 async def all_done(app: Conveyor, jobs: list[JobHandle], timeout: float = 120) -> None:
@@ -55,12 +38,12 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 async def test_global_concurrency_holds_across_four_workers(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    jobs = await client.submit_many([Submission("limited", {}) for _ in range(50)])
+    jobs = await procs_app.submit_many([Submission("limited", {}) for _ in range(50)])
     for _ in range(4):
         workers.start("--concurrency", "10", *FAST)
-    await all_done(client, jobs)
+    await all_done(procs_app, jobs)
     records = workers.records()
     starts = {r.job_id: r.at for r in records if r.event == "start"}
     ends = {r.job_id: r.at for r in records if r.event == "end"}
@@ -69,14 +52,14 @@ async def test_global_concurrency_holds_across_four_workers(
 
 
 async def test_a_killed_worker_frees_its_global_slot_when_its_lease_expires(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    first = await client.submit("singleton", {"seconds": 30})
+    first = await procs_app.submit("singleton", {"seconds": 30})
     holder = workers.start(*FAST)
     workers.wait_for_record("start", first.id, pid=holder.pid)
     holder.kill()
     holder.wait(10)
-    second = await client.submit("singleton", {"seconds": 0.1})
+    second = await procs_app.submit("singleton", {"seconds": 0.1})
     other = workers.start(*FAST)
     # Either job may take the slot first once the lease has expired; both get to run.
     workers.wait_for_record("start", second.id, pid=other.pid, timeout=30)
@@ -85,13 +68,13 @@ async def test_a_killed_worker_frees_its_global_slot_when_its_lease_expires(
 
 
 async def test_rate_limit_holds_across_three_workers_and_other_types_run(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    rated = await client.submit_many([Submission("rated", {}) for _ in range(200)])
-    free = await client.submit_many([Submission("unlimited", {}) for _ in range(50)])
+    rated = await procs_app.submit_many([Submission("rated", {}) for _ in range(200)])
+    free = await procs_app.submit_many([Submission("unlimited", {}) for _ in range(50)])
     for _ in range(3):
         workers.start("--concurrency", "20", *FAST)
-    await all_done(client, [*rated, *free])
+    await all_done(procs_app, [*rated, *free])
     records = workers.records()
     rated_ids = {j.id for j in rated}
     starts = sorted(r.at for r in records if r.job_id in rated_ids)
@@ -106,12 +89,31 @@ async def test_rate_limit_holds_across_three_workers_and_other_types_run(
     assert max(free_starts) < starts[len(starts) // 2], "other types were not held back"
 
 
+def _tick_ids(schedule: str, first: datetime, count: int, step: float) -> list[str]:
+    return [tick_id(schedule, first + timedelta(seconds=i * step)) for i in range(count)]
+
+
+async def _wait_for_jobs(url: str, job_ids: list[str], timeout: float) -> list[str]:
+    """Wait until the last of ``job_ids`` exists; return those that exist then."""
+    store = create_store(url)
+    await store.open()
+    try:
+        await eventually(lambda: _exists(store, job_ids[-1]), timeout=timeout, interval=0.1)
+        return sorted(j.id for j in await store.get_many(job_ids))
+    finally:
+        await store.close()
+
+
+async def _exists(store: Store, job_id: str) -> bool:
+    return await store.get(job_id) is not None
+
+
 async def test_five_workers_fire_each_cron_tick_exactly_once(
     db_url: str, workers: WorkerProcesses
 ) -> None:
     speed = 600.0  # one minute of store time every 0.1 s
     start = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC).timestamp()
-    real = time.time() + 3.0  # let the workers start first
+    real = time.time()
     env = {
         "CONVEYOR_TEST_CLOCK_START": str(start),
         "CONVEYOR_TEST_CLOCK_REAL": str(real),
@@ -126,26 +128,42 @@ async def test_five_workers_fire_each_cron_tick_exactly_once(
             app="tests.apps.cron:app",
             env_extra=env,
         )
-    # Run until store time has passed 100 ticks (and a little more), then stop.
-    await asyncio.sleep(max(0.0, real - time.time()) + 100 * 60 / speed + 1.0)
+    # Count only the ticks due once every worker is up (start-up takes seconds on a
+    # loaded machine): the 100 minutes of store time after the next whole minute.
+    await workers.wait_registered()
+    ready = datetime.fromtimestamp(start + (time.time() - real) * speed, UTC)
+    first = ready.replace(second=0, microsecond=0) + timedelta(minutes=2)
+    window = _tick_ids("every-minute", first, 100, 60)
+    fired = await _wait_for_jobs(db_url, window, timeout=60)
     workers.stop_all()
-    app = Conveyor(db_url)
+    assert fired == window, f"{len(set(window) - set(fired))} of 100 ticks did not fire"
+
+
+async def test_workers_on_the_wall_clock_fire_every_tick_of_an_every_second_schedule_once(
+    db_url: str, workers: WorkerProcesses
+) -> None:
+    """Default options, real time, the default ``skip`` catch-up: no tick is late enough
+    to count as missed while the workers are healthy, and none fires twice."""
+    env = {"CONVEYOR_TEST_SCHEDULE": "every-second"}
+    for _ in range(5):
+        workers.start("--queues", "ticks", app="tests.apps.cron:app", env_extra=env)
+    await workers.wait_registered()
+    store = create_store(db_url)
+    await store.open()
     try:
-        jobs = await app.list_jobs(type="tick", limit=1000)
+        ready = await store.now()
     finally:
-        await app.close()
-    ticks = sorted(j.id for j in jobs)
-    # The 100 ticks from 00:01 to 01:40 of store time (the clock also ran before 00:00
-    # while the workers started; those ticks fired too, once each).
-    first_100 = [
-        t
-        for t in ticks
-        if "cron:every-minute:2026-01-01T00:01" <= t < "cron:every-minute:2026-01-01T01:41"
-    ]
-    assert len(first_100) == 100
-    assert len(ticks) == len(set(ticks))
-    minutes = [datetime.strptime(t.split(":", 2)[2], "%Y-%m-%dT%H:%M:%SZ") for t in first_100]
-    assert all((b - a).total_seconds() == 60 for a, b in itertools.pairwise(minutes))
+        await store.close()
+    first = ready.replace(microsecond=0) + timedelta(seconds=2)
+    window = _tick_ids("every-second", first, 30, 1)
+    fired = await _wait_for_jobs(db_url, window, timeout=60)
+    assert fired == window, f"missed: {sorted(set(window) - set(fired))}"
+    ran = Counter[str]()
+    async with asyncio.timeout(30):
+        while not set(window) <= set(ran := workers.runs_per_job("tick")):
+            await asyncio.sleep(0.1)
+    workers.stop_all()
+    assert {t: ran[t] for t in window} == dict.fromkeys(window, 1), "a tick ran twice"
 
 
 def test_two_processes_racing_for_a_named_lease_never_both_hold_it(

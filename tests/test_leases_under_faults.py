@@ -518,9 +518,7 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
             queues=app.registry.queues(),
             limit=1,
             lease=lease,
-            on_claimed=lambda jobs: worker.leases.hold_claimed(
-                jobs, lease, time.monotonic() - lease
-            ),
+            on_claimed=lambda jobs: worker.leases.hold_claimed(jobs, time.monotonic() - lease),
         )
         worker._start_claimed()
         assert len(worker.leases) == 0, "a lease that may have expired is still held"
@@ -529,9 +527,7 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
             queues=app.registry.queues(),
             limit=1,
             lease=lease,
-            on_claimed=lambda jobs: worker.leases.hold_claimed(
-                jobs, lease, time.monotonic() - lease / 2
-            ),
+            on_claimed=lambda jobs: worker.leases.hold_claimed(jobs, time.monotonic() - lease / 2),
         )
         worker._start_claimed()
         (run,) = worker.leases.snapshot()

@@ -29,11 +29,10 @@ from conveyor import (
     Status,
     Submission,
 )
-from conveyor.core.model import NewJob
 from conveyor.store import create_store
 from conveyor.store.postgres import PostgresStore
 from conveyor.store.postgres.backend import _MIGRATIONS, _Q
-from tests.helpers import eventually, running_worker, settled
+from tests.helpers import eventually, new, running_worker, settled
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -41,6 +40,18 @@ psycopg = pytest.importorskip("psycopg")
 @pytest.fixture
 def url(postgres_database: str) -> str:
     return postgres_database
+
+
+@pytest.fixture
+def db_url(url: str) -> str:
+    """Only PostgreSQL here: the shared ``store`` fixture opens this database."""
+    return url
+
+
+@pytest.fixture
+def clock() -> None:
+    """No pinned clock: these tests are about the server's own."""
+    return None
 
 
 @pytest.fixture
@@ -56,20 +67,6 @@ async def app(url: str) -> AsyncIterator[Conveyor]:
     application.seen = seen  # type: ignore[attr-defined]
     yield application
     await application.close()
-
-
-@pytest.fixture
-async def store(url: str) -> AsyncIterator[PostgresStore]:
-    s = PostgresStore(url)
-    await s.open()
-    yield s
-    await s.close()
-
-
-def new(job_id: str, **kw: object) -> NewJob:
-    base: dict[str, object] = {"id": job_id, "type": "t", "payload": {"n": 1}}
-    base.update(kw)
-    return NewJob(**base)  # type: ignore[arg-type]
 
 
 # -- transactional submit -------------------------------------------------------------
@@ -157,7 +154,7 @@ async def test_a_connection_that_is_not_psycopg_is_refused(app: Conveyor) -> Non
         await app.submit("remember", {"note": "x"}, connection=object())
 
 
-async def test_sqlite_refuses_an_application_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_sqlite_refuses_an_application_connection(tmp_path: Path) -> None:
     app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
 
     @app.job()
@@ -376,55 +373,6 @@ async def test_migrations_apply_once_however_many_run_them_at_once(url: str) -> 
         assert [r[0] for r in await cur.fetchall()] == list(range(1, len(_MIGRATIONS) + 1))
 
 
-_SCHEMA = [
-    "SELECT table_name, column_name, data_type, is_nullable, column_default "
-    "FROM information_schema.columns "
-    "WHERE table_schema = current_schema() AND table_name LIKE 'conveyor%' ORDER BY 1, 2",
-    "SELECT indexname, indexdef FROM pg_indexes "
-    "WHERE schemaname = current_schema() AND tablename LIKE 'conveyor%' ORDER BY 1",
-    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-    "WHERE conrelid::regclass::text LIKE 'conveyor%' ORDER BY 1",
-    "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1",
-    "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
-    "WHERE proname LIKE 'conveyor%' ORDER BY 1",
-]
-
-
-async def _schema(url: str) -> list[list[tuple[object, ...]]]:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        return [await (await conn.execute(query)).fetchall() for query in _SCHEMA]
-
-
-@pytest.fixture
-def second_database() -> Iterator[str]:
-    from tests.conftest import POSTGRES_URL, _with_database
-
-    name = f"conveyor_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_database(POSTGRES_URL, name)
-    finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-async def test_upgrading_one_release_at_a_time_gives_the_schema_of_a_fresh_install(
-    url: str, second_database: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from conveyor.store.postgres import backend
-
-    fresh = PostgresStore(url, migrate=False)
-    assert len(await fresh.migrate()) == len(_MIGRATIONS)
-    for known in range(1, len(_MIGRATIONS) + 1):
-        # An older conveyor, which knew only the first migrations, then the next one.
-        monkeypatch.setattr(backend, "_MIGRATIONS", _MIGRATIONS[:known])
-        assert await PostgresStore(second_database, migrate=False).migrate() == [
-            _MIGRATIONS[known - 1][1]
-        ]
-    assert await _schema(second_database) == await _schema(url)
-
-
 async def test_many_workers_opening_a_new_database_at_once_migrate_it_once(url: str) -> None:
     stores = [PostgresStore(url) for _ in range(8)]
     try:
@@ -498,45 +446,6 @@ async def test_claim_reads_a_few_pages_with_100k_queued_jobs_in_two_queues(
     assert _buffers(plan) < 400, plan
     claimed = await store.claim(worker_id="w", queues=["default", "media"], limit=10, lease=30)
     assert [j.priority for j in claimed] == [0] * 10
-
-
-async def test_concurrent_claims_never_share_a_job(url: str, store: PostgresStore) -> None:
-    await store.submit([new(f"j{i:04d}") for i in range(1000)])
-    stores = [PostgresStore(url) for _ in range(4)]
-    await asyncio.gather(*(s.open() for s in stores))
-    claimed: list[str] = []
-
-    async def drain(s: PostgresStore, name: str) -> None:
-        while batch := await s.claim(worker_id=name, queues=["default"], limit=7, lease=30):
-            claimed.extend(j.id for j in batch)
-
-    try:
-        await asyncio.gather(*(drain(s, f"w{i}") for i, s in enumerate(stores)))
-    finally:
-        await asyncio.gather(*(s.close() for s in stores))
-    assert sorted(claimed) == [f"j{i:04d}" for i in range(1000)]
-
-
-async def test_payloads_and_results_come_back_exactly_as_written(store: PostgresStore) -> None:
-    payload = {"z": 1, "a": [1.0, 1e300, "\u0000"], "m": {"y": None, "b": True}}
-    (submitted,) = await store.submit([new("a", payload=payload)])
-    job = await store.get("a")
-    assert job is not None
-    assert json.dumps(job.payload) == json.dumps(payload)
-    assert json.dumps(submitted.job.payload) == json.dumps(payload)
-
-
-def test_the_store_implements_the_whole_protocol_with_the_same_parameters() -> None:
-    import inspect
-
-    from conveyor.store.protocol import Store
-
-    for name, method in vars(Store).items():
-        if inspect.isfunction(method) and not name.startswith("_"):
-            ours = getattr(PostgresStore, name, None)
-            assert ours is not None, f"PostgresStore has no {name}()"
-            expected = list(inspect.signature(method).parameters)
-            assert list(inspect.signature(ours).parameters) == expected, name
 
 
 @pytest.fixture

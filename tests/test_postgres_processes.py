@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +26,10 @@ import pytest
 
 from conveyor import Conveyor, Outcome, Status, Submission
 from conveyor.core.model import NewJob
+from conveyor.errors import DatabaseUnavailable, StorageError
 from conveyor.store import Lease
 from conveyor.store.postgres import PostgresStore
-from tests.processes import WorkerProcesses
+from tests.processes import WorkerProcesses, wait_exit
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -36,10 +37,9 @@ pytestmark = pytest.mark.processes
 
 
 @pytest.fixture
-def workers(postgres_database: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
-    procs = WorkerProcesses(postgres_database, tmp_path / "runs.log", tmp_path)
-    yield procs
-    procs.stop_all()
+def db_url(postgres_database: str) -> str:
+    """Only PostgreSQL here: the shared ``workers`` and ``procs_app`` fixtures use this."""
+    return postgres_database
 
 
 async def _client(url: str) -> Conveyor:
@@ -51,26 +51,10 @@ async def _client(url: str) -> Conveyor:
     return app
 
 
-@pytest.fixture
-async def client(postgres_database: str) -> AsyncIterator[Conveyor]:
-    app = await _client(postgres_database)
-    yield app
-    await app.close()
-
-
-async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {proc.pid} still running after {timeout}s")
-        await asyncio.sleep(0.05)
-    return int(proc.returncode)
-
-
 async def test_four_workers_drain_20000_jobs_each_exactly_once(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    jobs = await client.submit_many([Submission("noop", {"i": i}) for i in range(20_000)])
+    jobs = await procs_app.submit_many([Submission("noop", {"i": i}) for i in range(20_000)])
     started = time.monotonic()
     procs = [
         workers.start("--burst", "--concurrency", "25", "--poll-interval", "0.5") for _ in range(4)
@@ -83,7 +67,7 @@ async def test_four_workers_drain_20000_jobs_each_exactly_once(
     assert set(runs.values()) == {1}, "no job ran twice"
     per_worker = Counter(r.pid for r in workers.records())
     assert len(per_worker) == 4, f"the work was shared: {per_worker}"
-    left = await client.list_jobs(status=["queued", "running"], limit=10)
+    left = await procs_app.list_jobs(status=["queued", "running"], limit=10)
     assert left == []
     print(f"4 workers drained 20000 jobs in {elapsed:.1f}s; per worker: {dict(per_worker)}")
 
@@ -252,14 +236,18 @@ async def test_while_the_server_is_down_operations_fail_fast_then_recover(
         # A heartbeat gives up within a small part of the lease (here 3 s), so that the
         # worker can stop its runs before their leases could expire.
         began = time.monotonic()
-        with pytest.raises((TimeoutError, psycopg.OperationalError)):
+        with pytest.raises((TimeoutError, StorageError)):
             await store.heartbeat(worker_id="w", leases=held, lease=3.0, progress={})
         assert time.monotonic() - began < 1.0
-        # Other operations wait a few seconds for the server, then raise (not hang).
+        # Other operations wait a few seconds for the server, then raise (not hang) an
+        # error that says what is wrong: the driver's own never escapes.
         began = time.monotonic()
-        with pytest.raises(psycopg.OperationalError):
+        unreachable = r"check that the server is running|the server is down"
+        with pytest.raises(StorageError, match=unreachable) as caught:
             await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
         assert time.monotonic() - began < 8.0
+        assert isinstance(caught.value, DatabaseUnavailable)
+        assert str(cluster.port) in str(caught.value)
 
         await asyncio.to_thread(cluster.ctl, "start")
         began = time.monotonic()
@@ -267,7 +255,7 @@ async def test_while_the_server_is_down_operations_fail_fast_then_recover(
             try:
                 beat = await store.heartbeat(worker_id="w", leases=held, lease=3.0, progress={})
                 break
-            except (TimeoutError, psycopg.OperationalError):
+            except (TimeoutError, StorageError):
                 assert time.monotonic() - began < 30, "the store did not reconnect"
                 await asyncio.sleep(0.1)
         assert beat.lost == frozenset()
@@ -280,17 +268,17 @@ async def test_while_the_server_is_down_operations_fail_fast_then_recover(
 
 
 async def test_a_worker_whose_clock_is_ten_minutes_ahead_rescues_only_expired_leases(
-    postgres_database: str, client: Conveyor, workers: WorkerProcesses
+    postgres_database: str, procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
     owner = PostgresStore(postgres_database)
     await owner.open()
     try:
         # Other workers hold two jobs: "live" with a 60 s lease its worker keeps, "dead"
         # with a lease that runs out in a second (its worker died).
-        live = await client.submit("noop", {"i": 1})
+        live = await procs_app.submit("noop", {"i": 1})
         (held,) = await owner.claim(worker_id="honest", queues=["default"], limit=1, lease=60)
         assert held.id == live.id
-        dead = await client.submit("noop", {"i": 2})
+        dead = await procs_app.submit("noop", {"i": 2})
         (gone,) = await owner.claim(worker_id="crashed", queues=["default"], limit=1, lease=1)
         assert gone.id == dead.id
 
@@ -310,7 +298,7 @@ async def test_a_worker_whose_clock_is_ten_minutes_ahead_rescues_only_expired_le
         assert after is not None and after.status is Status.RUNNING
         assert after.lease_owner == "honest" and after.lease_token == held.lease_token
         assert after.lease_expires_at == held.lease_expires_at
-        assert next(a.outcome for a in await client.attempts(dead.id)) is Outcome.LOST
+        assert next(a.outcome for a in await procs_app.attempts(dead.id)) is Outcome.LOST
         assert live.id not in workers.runs_per_job()
     finally:
         await owner.close()

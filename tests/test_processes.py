@@ -5,50 +5,19 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from conveyor import Conveyor, Outcome, Status, Submission
-from tests.processes import WorkerProcesses
+from tests.processes import FAST, WorkerProcesses, wait_exit
 
 pytestmark = pytest.mark.processes
 
-FAST = ("--lease", "1", "--rescue-interval", "0.2", "--poll-interval", "0.1")
-
-
-@pytest.fixture
-def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
-    procs = WorkerProcesses(db_url, tmp_path / "runs.log", tmp_path)
-    yield procs
-    procs.stop_all()
-
-
-@pytest.fixture
-async def client(db_url: str) -> Conveyor:
-    from tests.apps import procs
-
-    app = procs.app
-    app.url = db_url
-    yield app
-    await app.close()
-
-
-async def wait_exit(proc, timeout: float) -> int:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {proc.pid} still running after {timeout}s")
-        await asyncio.sleep(0.05)
-    return int(proc.returncode)
-
 
 async def test_three_workers_drain_3000_jobs_exactly_once(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    await client.migrate()
-    jobs = await client.submit_many([Submission("noop", {"i": i}) for i in range(3000)])
+    jobs = await procs_app.submit_many([Submission("noop", {"i": i}) for i in range(3000)])
     procs = [workers.start("--burst", "--concurrency", "20", *FAST) for _ in range(3)]
     for proc in procs:
         assert await wait_exit(proc, 120) == 0
@@ -56,18 +25,17 @@ async def test_three_workers_drain_3000_jobs_exactly_once(
     assert len(runs) == 3000, "every job ran"
     assert set(runs.values()) == {1}, "no job ran twice"
     assert len({r.pid for r in workers.records()}) >= 2, "the work was shared"
-    done = await client.list_jobs(status=["succeeded"], limit=1000)
+    done = await procs_app.list_jobs(status=["succeeded"], limit=1000)
     assert len(done) == 1000
-    left = await client.list_jobs(status=["queued", "running"], limit=10)
+    left = await procs_app.list_jobs(status=["queued", "running"], limit=10)
     assert left == []
     assert {j.id for j in jobs} == set(runs)
 
 
 async def test_sigkill_mid_job_is_rescued_by_another_worker(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    await client.migrate()
-    job = await client.submit("sleepy", {"seconds": 1.5})
+    job = await procs_app.submit("sleepy", {"seconds": 1.5})
     first = workers.start(*FAST)
     started = workers.wait_for_record("start", job.id, pid=first.pid)
     assert started.attempt == 1
@@ -84,10 +52,9 @@ async def test_sigkill_mid_job_is_rescued_by_another_worker(
 
 @pytest.mark.parametrize("job_type", ["sleepy", "sync_sleepy"])
 async def test_sigterm_hands_the_job_back_without_spending_an_attempt(
-    client: Conveyor, workers: WorkerProcesses, job_type: str
+    procs_app: Conveyor, workers: WorkerProcesses, job_type: str
 ) -> None:
-    await client.migrate()
-    job = await client.submit(job_type, {"seconds": 30})
+    job = await procs_app.submit(job_type, {"seconds": 30})
     first = workers.start(*FAST, "--grace", "0.5", "--cancel-grace", "0.5")
     workers.wait_for_record("start", job.id, pid=first.pid)
     stopped_at = time.monotonic()
@@ -103,10 +70,9 @@ async def test_sigterm_hands_the_job_back_without_spending_an_attempt(
 
 
 async def test_sigterm_lets_a_short_job_finish_within_the_grace_period(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    await client.migrate()
-    job = await client.submit("sleepy", {"seconds": 0.5})
+    job = await procs_app.submit("sleepy", {"seconds": 0.5})
     first = workers.start(*FAST, "--grace", "10")
     workers.wait_for_record("start", job.id, pid=first.pid)
     first.send_signal(signal.SIGTERM)
@@ -117,10 +83,9 @@ async def test_sigterm_lets_a_short_job_finish_within_the_grace_period(
 
 
 async def test_a_stopped_zombie_cannot_complete_the_job(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    await client.migrate()
-    job = await client.submit("sleepy", {"seconds": 2})
+    job = await procs_app.submit("sleepy", {"seconds": 2})
     zombie = workers.start(*FAST)
     workers.wait_for_record("start", job.id, pid=zombie.pid)
     zombie.send_signal(signal.SIGSTOP)
@@ -141,9 +106,8 @@ async def test_a_stopped_zombie_cannot_complete_the_job(
     assert job.result == {"pid": rescuer.pid}
 
 
-async def test_second_signal_stops_at_once(client: Conveyor, workers: WorkerProcesses) -> None:
-    await client.migrate()
-    job = await client.submit("sleepy", {"seconds": 30})
+async def test_second_signal_stops_at_once(procs_app: Conveyor, workers: WorkerProcesses) -> None:
+    job = await procs_app.submit("sleepy", {"seconds": 30})
     proc = workers.start(*FAST, "--grace", "60")
     workers.wait_for_record("start", job.id, pid=proc.pid)
     proc.send_signal(signal.SIGTERM)
@@ -159,10 +123,9 @@ async def test_second_signal_stops_at_once(client: Conveyor, workers: WorkerProc
 
 
 async def test_sigkill_at_60_percent_resumes_from_the_last_checkpoint(
-    client: Conveyor, workers: WorkerProcesses
+    procs_app: Conveyor, workers: WorkerProcesses
 ) -> None:
-    await client.migrate()
-    job = await client.submit("video", {"frames": 200})
+    job = await procs_app.submit("video", {"frames": 200})
     first = workers.start(*FAST)
     seen: list[float] = []
     killed = False

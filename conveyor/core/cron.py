@@ -7,6 +7,7 @@ or six with seconds first (``*/10 * * * * *``: every ten seconds).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -169,16 +170,73 @@ class Schedule:
         return min(60.0, gap / 2)
 
 
-def plan_schedule(schedule: Schedule, *, next_run_at: datetime, now: datetime) -> Firing:
-    """Plan a schedule's firing with its own catch-up policy and grace."""
+def plan_schedule(
+    schedule: Schedule, *, next_run_at: datetime, now: datetime, min_grace: float = 0.0
+) -> Firing:
+    """Plan a schedule's firing with its own catch-up policy and grace.
+
+    ``min_grace`` is the least grace whatever the schedule says: the firing worker passes
+    what its checks may lag behind the clock, so a tick is only ever counted as missed
+    when no worker was running, never because a healthy one looked a moment late.
+
+    >>> from datetime import timedelta
+    >>> s = Schedule("beat", Cron("* * * * * *"), "ping", {})
+    >>> t0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    >>> late = t0 + timedelta(seconds=0.8)  # past half the one-second gap
+    >>> plan_schedule(s, next_run_at=t0, now=late).ticks
+    ()
+    >>> [t.second for t in plan_schedule(s, next_run_at=t0, now=late, min_grace=2.0).ticks]
+    [0]
+    """
     return plan(
         schedule.cron,
         next_run_at=next_run_at,
         now=now,
         catch_up=schedule.catch_up,
         backfill_limit=schedule.backfill_limit,
-        grace=schedule.grace_at(next_run_at),
+        grace=max(schedule.grace_at(next_run_at), min_grace),
     )
+
+
+def check_grace(interval: float) -> float:
+    """The least grace for ticks fired by a worker that checks every ``interval`` seconds.
+
+    Twice the interval: a worker looks at least once per interval (at once when it knows
+    the tick is due), and the look itself may be slow on a loaded machine.
+
+    >>> check_grace(1.0)
+    2.0
+    """
+    return 2 * interval
+
+
+def next_check(
+    upcoming: Iterable[datetime], *, now: datetime, interval: float, jitter: float = 0.0
+) -> float:
+    """Seconds to wait before the next look for due ticks.
+
+    Until the earliest ``upcoming`` tick, plus ``jitter`` (so that workers woken by the
+    same tick do not all reach the database at the same instant), and never more than
+    ``interval``, so schedules enabled or declared by other processes are found too.
+    Waiting for the tick itself, rather than a fixed interval after the last look,
+    keeps firing on the wall clock however long each look takes.
+
+    >>> from datetime import timedelta
+    >>> t0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    >>> next_check([t0 + timedelta(seconds=0.25)], now=t0, interval=1.0, jitter=0.125)
+    0.375
+    >>> next_check([t0 + timedelta(minutes=5), t0 + timedelta(seconds=0.5)], now=t0,
+    ...            interval=1.0)
+    0.5
+    >>> next_check([t0 + timedelta(minutes=5)], now=t0, interval=1.0)  # far off
+    1.0
+    >>> next_check([], now=t0, interval=1.0)  # no schedule
+    1.0
+    >>> next_check([t0 - timedelta(seconds=3)], now=t0, interval=1.0, jitter=0.125)  # due
+    0.125
+    """
+    until = min([(tick - now).total_seconds() for tick in upcoming], default=interval)
+    return min(max(until, 0.0), interval) + jitter
 
 
 def schedule_job(schedule: Schedule, tick: datetime, *, manual: bool = False) -> NewJob:

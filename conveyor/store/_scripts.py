@@ -471,13 +471,18 @@ def sync_schedules(dialect: Dialect, schedules: Sequence[Schedule]) -> Script[No
         yield "upsert_schedule", schedule_params(s) | {"next_run_at": s.cron.next_after(moment)}
 
 
-def fire_schedules(dialect: Dialect, limit: int) -> Script[list[str]]:
-    """Fire due ticks: advance each schedule by compare-and-set, then insert its jobs."""
+def fire_schedules(dialect: Dialect, limit: int, min_grace: float = 0.0) -> Script[list[str]]:
+    """Fire due ticks: advance each schedule by compare-and-set, then insert its jobs.
+
+    A tick at most ``min_grace`` seconds late is on time whatever the schedule's grace.
+    """
     created: list[str] = []
     for row in (yield "due_schedules", {"limit": limit}):
         info = schedule_info(dialect, row)
         moment = _time(dialect, row["read_at"], "time")
-        firing = plan_schedule(info.schedule, next_run_at=info.next_run_at, now=moment)
+        firing = plan_schedule(
+            info.schedule, next_run_at=info.next_run_at, now=moment, min_grace=min_grace
+        )
         moved = yield (
             "advance_schedule",
             {

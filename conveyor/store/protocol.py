@@ -297,12 +297,13 @@ class Store(Protocol):
     async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
         """Create or update schedules declared in code (a changed cron restarts its ticks)."""
 
-    async def fire_schedules(self, *, limit: int) -> list[str]:
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
         """Fire due schedule ticks; return the ids of the jobs created.
 
         Each tick fires once across all workers: the schedule's next tick is advanced by
         compare-and-set in the same transaction as the insert of a job whose id derives
-        from the schedule and the tick.
+        from the schedule and the tick. A tick at most ``min_grace`` seconds late counts
+        as on time whatever the schedule's own grace (see ``core.cron.plan_schedule``).
         """
 
     async def schedules(self) -> list[ScheduleInfo]:

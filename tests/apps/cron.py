@@ -1,7 +1,10 @@
-"""An application whose clock runs fast, for cron tests with real worker processes.
+"""An application with one cron schedule, for cron tests with real worker processes.
 
-Every process computes the same time: CONVEYOR_TEST_CLOCK_START (store time at real
-time CONVEYOR_TEST_CLOCK_REAL) plus real seconds since then times CONVEYOR_TEST_CLOCK_SPEED.
+CONVEYOR_TEST_SCHEDULE picks the schedule. ``every-second`` (real time, default grace
+and catch-up: what a user gets) or, by default, ``every-minute`` on a clock that runs
+fast: every process computes the same time, CONVEYOR_TEST_CLOCK_START (store time at
+real time CONVEYOR_TEST_CLOCK_REAL) plus real seconds since then times
+CONVEYOR_TEST_CLOCK_SPEED.
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ app = Conveyor(
 
 @app.job(queue="ticks")
 async def tick(ctx: JobContext) -> None:
-    return None
+    if "CONVEYOR_TEST_RECORD" in os.environ:
+        from tests.apps.procs import record
+
+        record(ctx, "tick")
 
 
-# At 600x a tick's default grace (30 s of store time) is 50 ms of real time, which a
-# loaded machine can miss; a generous grace keeps every tick on time, so the test
-# counts exactly-once firing, not the skip policy.
-app.schedule("every-minute", "* * * * *", tick, grace="1h")
+if os.environ.get("CONVEYOR_TEST_SCHEDULE") == "every-second":
+    app.schedule("every-second", "* * * * * *", tick)
+else:
+    # At 600x a tick's default grace (30 s of store time) is 50 ms of real time, which a
+    # loaded machine can miss; a generous grace keeps every tick on time, so the test
+    # counts exactly-once firing, not the skip policy.
+    app.schedule("every-minute", "* * * * *", tick, grace="1h")

@@ -67,6 +67,7 @@ from conveyor.store.postgres._connection import (
     reason,
     redact,
 )
+from conveyor.store.postgres._errors import translated
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
     AuditEntry,
@@ -210,18 +211,19 @@ class PostgresStore:
         pool = self._pool
         if pool is None:
             raise RuntimeError("the store is not open: call open() first")
-        for attempt in range(1, _ATTEMPTS + 1):
-            async with pool.connection(timeout=timeout) as conn:
-                try:
-                    return await work(conn)
-                except psycopg.errors.DeadlockDetected:
-                    if attempt == _ATTEMPTS:
-                        raise
-                    continue
-                except psycopg.OperationalError:
-                    if attempt == _ATTEMPTS or not conn.broken:
-                        raise
-            self._check_pool(pool)
+        with translated(self._where):
+            for attempt in range(1, _ATTEMPTS + 1):
+                async with pool.connection(timeout=timeout) as conn:
+                    try:
+                        return await work(conn)
+                    except psycopg.errors.DeadlockDetected:
+                        if attempt == _ATTEMPTS:
+                            raise
+                        continue
+                    except psycopg.OperationalError:
+                        if attempt == _ATTEMPTS or not conn.broken:
+                            raise
+                self._check_pool(pool)
         raise AssertionError("not reached")
 
     async def _transaction(
@@ -233,12 +235,10 @@ class PostgresStore:
     ) -> T:
         """Run ``work`` in one transaction on a thread of the store, and commit it there.
 
-        The event loop only waits for the result: however long the loop is blocked,
-        the transaction ends (and lets go of its row locks) without it. The retries are
-        those of :meth:`_run`; ``work`` starts afresh on each. ``atomic=False`` runs
-        ``work`` in autocommit (one statement: one round trip, no BEGIN). ``then`` is
-        called with the result on the same thread once it is committed, before the
-        event loop hears of it.
+        The event loop only waits for the result: however long the loop is blocked, the
+        transaction ends (and lets go of its row locks) without it. The retries are those
+        of :meth:`_run`. ``atomic=False``: autocommit (one statement, one round trip).
+        ``then`` gets the result on that thread once committed, before the event loop.
         """
         threads, pool = self._tx_threads, self._tx_pool
         if threads is None or pool is None:
@@ -256,7 +256,8 @@ class PostgresStore:
                 then(result)
             return result
 
-        return await asyncio.get_running_loop().run_in_executor(threads, run)
+        with translated(self._where):
+            return await asyncio.get_running_loop().run_in_executor(threads, run)
 
     def _drive(self, conn: SyncConnection, script: scripts.Script[T]) -> T:
         """Run a transaction script on a transaction thread's connection."""
@@ -652,8 +653,8 @@ class PostgresStore:
     async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
         await self._script(lambda: scripts.sync_schedules(DIALECT, schedules))
 
-    async def fire_schedules(self, *, limit: int) -> list[str]:
-        return await self._script(lambda: scripts.fire_schedules(DIALECT, limit))
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
+        return await self._script(lambda: scripts.fire_schedules(DIALECT, limit, min_grace))
 
     async def schedules(self) -> list[ScheduleInfo]:
         return await self._read(lambda: scripts.schedules(DIALECT))

@@ -52,6 +52,7 @@ from conveyor.store.sqlite._codec import (
     ts,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
+from conveyor.store.sqlite._errors import rollback, translated
 from conveyor.store.sqlite._watcher import start_watcher
 
 T = TypeVar("T")
@@ -90,7 +91,8 @@ class SQLiteStore:
         if self._executor is None or self._conn is None:
             raise RuntimeError("the store is not open: call open() first")
         conn = self._conn
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
+        with translated(self.path):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
 
     async def _write(
         self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
@@ -104,16 +106,16 @@ class SQLiteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(conn)
+                # Counted before it shows in data_version: the watcher must not take
+                # this commit for another connection's.
+                self._commits += 1
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    self._commits -= 1
+                    raise
             except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            # Counted before it shows in data_version: the watcher must not take this
-            # commit for another connection's.
-            self._commits += 1
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                self._commits -= 1
+                rollback(conn)
                 raise
             if then is not None:
                 then(result)
@@ -440,8 +442,8 @@ class SQLiteStore:
     async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
         await self._script(scripts.sync_schedules(DIALECT, schedules))
 
-    async def fire_schedules(self, *, limit: int) -> list[str]:
-        return await self._script(scripts.fire_schedules(DIALECT, limit))
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
+        return await self._script(scripts.fire_schedules(DIALECT, limit, min_grace))
 
     async def schedules(self) -> list[ScheduleInfo]:
         return await self._read(scripts.schedules(DIALECT))
