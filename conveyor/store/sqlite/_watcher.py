@@ -60,17 +60,20 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             ask_store()  # learn the store connection's data_version
-            # The store counts a commit before it shows in data_version, so reading the
-            # version first, the count second, a change of ours is always counted.
+            # The store counts a commit as begun before it shows in data_version, and as
+            # done after. Its commits done before ``last`` was read are in ``last``; a
+            # change of version is another connection's for sure only if no commit of
+            # the store's began since then.
+            settled = store._committed
             last = conn.execute("PRAGMA data_version").fetchone()[0]
-            counted = store._commits  # the store's commits when ``last`` was read
             while not stop.wait(WATCH_INTERVAL):
+                done = store._committed
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
                 if version == last:
                     continue
-                commits = store._commits
-                last, counted, before = version, commits, counted
-                if commits == before:
+                begun = store._commits
+                last, before, settled = version, settled, done
+                if begun == before:
                     loop.call_soon_threadsafe(wake.set)  # not ours: someone else's
                 else:
                     ask_store()

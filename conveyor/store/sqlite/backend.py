@@ -83,7 +83,8 @@ class SQLiteStore:
         self._watcher: threading.Thread | None = None
         self._watch_stop = threading.Event()
         self._wake: asyncio.Event | None = None
-        self._commits = 0
+        self._commits = 0  # commits begun (counted just before COMMIT)
+        self._committed = 0  # commits done
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -106,14 +107,15 @@ class SQLiteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(conn)
-                # Counted before it shows in data_version: the watcher must not take
-                # this commit for another connection's.
+                # Counted before it shows in data_version, and once it has: the watcher
+                # must not take this commit for another connection's.
                 self._commits += 1
                 try:
                     conn.execute("COMMIT")
                 except BaseException:
                     self._commits -= 1
                     raise
+                self._committed += 1
             except BaseException:
                 rollback(conn)
                 raise
