@@ -518,7 +518,11 @@ def fire_schedules(dialect: Dialect, limit: int, min_grace: float = 0.0) -> Scri
         if not moved:
             continue  # another worker fired these ticks
         if skipped:
-            log.debug("schedule %r skipped %d tick(s): overlap", info.schedule.name, skipped)
+            log.debug(
+                "schedule %r skipped %d tick(s): its last run is unfinished (overlap=skip)",
+                info.schedule.name,
+                skipped,
+            )
         jobs = [schedule_job(info.schedule, tick) for tick in ticks]
         if jobs:
             submitted = yield from dialect.submit(jobs)
