@@ -263,7 +263,8 @@ async def follow(job: ShownJob, timeout: float | None) -> bool:
 
 def schedules_table(found: Sequence[ScheduleInfo]) -> Table:
     table = Table(title=f"{len(found)} schedule(s)", title_justify="left")
-    for column in ("name", "cron", "timezone", "job type", "catch-up", "enabled", "next", "last"):
+    columns = ("name", "cron", "timezone", "job type", "catch-up", "overlap", "enabled", "next")
+    for column in (*columns, "last"):
         table.add_column(column)
     for info in found:
         s = info.schedule
@@ -273,6 +274,9 @@ def schedules_table(found: Sequence[ScheduleInfo]) -> Table:
             s.cron.timezone,
             s.type,
             s.catch_up.value,
+            f"{s.overlap.value} ({info.skipped_ticks} skipped)"
+            if info.skipped_ticks
+            else s.overlap.value,
             "yes" if info.enabled else "[red]no[/]",
             info.next_run_at.isoformat(timespec="seconds"),
             info.last_run_at.isoformat(timespec="seconds") if info.last_run_at else "",

@@ -50,7 +50,7 @@ from conveyor._registry import (
 )
 from conveyor._tokens import Tokens
 from conveyor.core.auth import Principal, Role, Token
-from conveyor.core.cron import CatchUp, Cron, Schedule
+from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess
@@ -554,12 +554,15 @@ class Conveyor:
         grace: Duration | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        overlap: str = "allow",
     ) -> Schedule:
         """Declare a cron schedule; workers sync it to the database when they start.
 
         Each tick fires exactly once across all workers. ``catch_up`` says what happens
         to ticks missed while no worker ran: ``skip`` them, run ``once`` for all of
-        them, or ``backfill`` each (the latest ``backfill_limit``).
+        them, or ``backfill`` each (the latest ``backfill_limit``). ``overlap`` says what
+        a tick does while the previous run is still pending, queued, running or waiting:
+        ``allow`` fires it anyway, ``skip`` skips it (counted in ``skipped_ticks``).
         """
         type_name = job.name if isinstance(job, JobDefinition) else job
         job_type = self.registry.get(type_name)
@@ -580,6 +583,7 @@ class Conveyor:
                 catch_up=CatchUp(catch_up),
                 backfill_limit=backfill_limit,
                 grace=optional_seconds(grace, "grace"),
+                overlap=Overlap(overlap),
             )
         except ValueError as exc:
             if isinstance(exc, ConveyorError):

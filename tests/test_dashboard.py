@@ -352,7 +352,7 @@ async def test_actions_are_audited_and_bulk_confirms_the_count(
     assert [q.paused for q in await app.queues() if q.name == "batch"] == [True]
     assert (await post(a, "/ui/queues/batch/resume", acsrf)).status_code == 303
     assert (await post(a, "/ui/schedules/nightly/disable", acsrf)).status_code == 303
-    assert not (await app.list_schedules())[0].enabled
+    assert not {s.schedule.name: s for s in await app.list_schedules()}["nightly"].enabled
     assert (await post(a, "/ui/schedules/nightly/enable", acsrf)).status_code == 303
     assert (await post(a, "/ui/schedules/nightly/run", acsrf)).status_code == 303
     log = await (await app.store()).audit_log()
@@ -407,7 +407,8 @@ async def test_api_schedules_and_queues_routes(
     read = {"Authorization": f"Bearer {secrets['read']}"}
     admin = {"Authorization": f"Bearer {secrets['admin']}"}
     r = await c.get("/schedules", headers=read)
-    assert r.status_code == 200 and r.json()["schedules"][0]["name"] == "nightly"
+    assert r.status_code == 200
+    assert [s["name"] for s in r.json()["schedules"]] == ["hourly", "nightly"]
     assert (await c.post("/schedules/nightly/run", headers=read)).status_code == 403
     r = await c.post("/schedules/nightly/run", headers=admin)
     assert r.status_code == 202 and r.json()["type"] == "add"
@@ -533,3 +534,10 @@ async def test_mounted_elsewhere_links_cookie_and_redirects_follow_the_mount(
         page = (await c.get("/ops/jobs-ui/jobs")).text
         assert 'href="/ops/jobs-ui/static/app.css"' in page
         assert (await c.get("/ops/jobs-ui/static/app.js")).status_code == 200
+
+
+async def test_the_schedules_page_shows_each_overlap_policy(browser: Any, secrets: dict[str, str]):
+    c = browser()
+    await sign_in(c, secrets["read"])
+    text = (await c.get("/ui/schedules")).text
+    assert "<td>skip</td>" in text and "<td>allow</td>" in text

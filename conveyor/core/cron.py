@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
 
 # Enough to catch up any realistic downtime; bounds the work after a very long one.
@@ -27,6 +28,17 @@ class CatchUp(StrEnum):
     SKIP = "skip"  # fire none of them; resume with the next tick
     ONCE = "once"  # fire one job for all of them
     BACKFILL = "backfill"  # fire one job per missed tick, the latest backfill_limit of them
+
+
+class Overlap(StrEnum):
+    """What a tick does while the schedule's previous run has not finished.
+
+    The names of Temporal's schedule overlap policies; ``skip`` is APScheduler's
+    ``max_instances=1`` (or Oban's cron with a unique job that spans executing states).
+    """
+
+    ALLOW = "allow"  # fire every tick, however many earlier runs are still unfinished
+    SKIP = "skip"  # skip the tick while the previous run is pending, queued, running or waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +165,7 @@ class Schedule:
     catch_up: CatchUp = CatchUp.SKIP
     backfill_limit: int = 10
     grace: float | None = None  # None: half the gap between ticks, at most 60 s
+    overlap: Overlap = Overlap.ALLOW
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 200 or "\x00" in self.name:
@@ -196,6 +209,30 @@ def plan_schedule(
         backfill_limit=schedule.backfill_limit,
         grace=max(schedule.grace_at(next_run_at), min_grace),
     )
+
+
+def without_overlap(
+    ticks: tuple[datetime, ...], overlap: Overlap, previous: Status | None
+) -> tuple[tuple[datetime, ...], int]:
+    """The ticks to fire under an overlap policy, and how many it skips.
+
+    ``previous`` is the status of the schedule's last fired run (None: none, or pruned).
+    Under ``skip`` an unfinished previous run skips every tick, and of several due at once
+    (a catch-up) only the latest fires, so that runs of the schedule never overlap.
+
+    >>> t = (datetime(2026, 1, 1, 12, 0, tzinfo=UTC), datetime(2026, 1, 1, 12, 1, tzinfo=UTC))
+    >>> without_overlap(t, Overlap.ALLOW, Status.RUNNING) == (t, 0)
+    True
+    >>> without_overlap(t, Overlap.SKIP, Status.QUEUED)
+    ((), 2)
+    >>> [x.minute for x in without_overlap(t, Overlap.SKIP, Status.SUCCEEDED)[0]]
+    [1]
+    """
+    if overlap is Overlap.ALLOW or not ticks:
+        return ticks, 0
+    if previous is not None and not previous.terminal:
+        return (), len(ticks)
+    return ticks[-1:], len(ticks) - 1
 
 
 def check_grace(interval: float) -> float:

@@ -19,12 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from conveyor.core.auth import Role, Token
-from conveyor.core.cron import CatchUp, Cron, Schedule, plan_schedule, schedule_job
+from conveyor.core.cron import (
+    CatchUp,
+    Cron,
+    Overlap,
+    Schedule,
+    plan_schedule,
+    schedule_job,
+    tick_id,
+    without_overlap,
+)
 from conveyor.core.flow import FlowCapacity
 from conveyor.core.lifecycle import (
     Status,
@@ -49,6 +59,8 @@ from conveyor.store.protocol import (
     Submitted,
     WorkerInfo,
 )
+
+log = logging.getLogger("conveyor.schedules")
 
 T = TypeVar("T")
 Row = Mapping[str, Any]
@@ -129,6 +141,7 @@ def schedule_params(s: Schedule) -> dict[str, Any]:
         "catch_up": s.catch_up.value,
         "backfill_limit": s.backfill_limit,
         "grace": s.grace,
+        "overlap": s.overlap.value,
     }
 
 
@@ -150,10 +163,12 @@ def schedule_info(dialect: Dialect, row: Row) -> ScheduleInfo:
             catch_up=CatchUp(row["catch_up"]),
             backfill_limit=row["backfill_limit"],
             grace=row["grace"],
+            overlap=Overlap(row["overlap"]),
         ),
         enabled=bool(row["enabled"]),
         next_run_at=_time(dialect, row["next_run_at"], f"next tick of {row['name']!r}"),
         last_run_at=dialect.time(row["last_run_at"]),
+        skipped_ticks=int(row["skipped_ticks"]),
     )
 
 
@@ -475,6 +490,9 @@ def fire_schedules(dialect: Dialect, limit: int, min_grace: float = 0.0) -> Scri
     """Fire due ticks: advance each schedule by compare-and-set, then insert its jobs.
 
     A tick at most ``min_grace`` seconds late is on time whatever the schedule's grace.
+    Under ``overlap="skip"`` a tick is skipped (the schedule still advances past it) while
+    the run of the last fired tick is unfinished; that run's id comes from the schedule's
+    name and ``last_run_at``, so finding it is one primary-key lookup.
     """
     created: list[str] = []
     for row in (yield "due_schedules", {"limit": limit}):
@@ -483,21 +501,42 @@ def fire_schedules(dialect: Dialect, limit: int, min_grace: float = 0.0) -> Scri
         firing = plan_schedule(
             info.schedule, next_run_at=info.next_run_at, now=moment, min_grace=min_grace
         )
+        ticks, skipped = firing.ticks, 0
+        if info.schedule.overlap is not Overlap.ALLOW and ticks:
+            previous = yield from _last_run_status(info)
+            ticks, skipped = without_overlap(ticks, info.schedule.overlap, previous)
         moved = yield (
             "advance_schedule",
             {
                 "name": info.schedule.name,
                 "expected": row["next_run_at"],
                 "next_run_at": firing.next_run_at,
-                "last_run_at": firing.ticks[-1] if firing.ticks else row["last_run_at"],
+                "last_run_at": ticks[-1] if ticks else row["last_run_at"],
+                "skipped": skipped,
             },
         )
-        if not moved or not firing.ticks:
+        if not moved:
             continue  # another worker fired these ticks
-        jobs = [schedule_job(info.schedule, tick) for tick in firing.ticks]
-        submitted = yield from dialect.submit(jobs)
-        created.extend(s.job.id for s in submitted if s.created)
+        if skipped:
+            log.debug(
+                "schedule %r skipped %d tick(s): its last run is unfinished (overlap=skip)",
+                info.schedule.name,
+                skipped,
+            )
+        jobs = [schedule_job(info.schedule, tick) for tick in ticks]
+        if jobs:
+            submitted = yield from dialect.submit(jobs)
+            created.extend(s.job.id for s in submitted if s.created)
     return created
+
+
+def _last_run_status(info: ScheduleInfo) -> Script[Status | None]:
+    """The status of the job fired for a schedule's last tick (None: none, or pruned)."""
+    if info.last_run_at is None:
+        return None
+    job_id = tick_id(info.schedule.name, info.last_run_at)
+    rows = yield "schedule_run_status", {"id": job_id}
+    return Status(rows[0]["status"]) if rows else None
 
 
 def set_schedule_enabled(dialect: Dialect, name: str, enabled: bool) -> Script[ScheduleInfo | None]:

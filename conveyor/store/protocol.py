@@ -163,6 +163,7 @@ class ScheduleInfo:
     enabled: bool
     next_run_at: datetime
     last_run_at: datetime | None = None
+    skipped_ticks: int = 0  # ticks skipped by overlap="skip" while a run was unfinished
 
 
 @dataclass(frozen=True, slots=True)

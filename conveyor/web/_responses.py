@@ -146,6 +146,8 @@ def schedule(info: ScheduleInfo) -> dict[str, Any]:
         "timezone": sched.cron.timezone,
         "type": sched.type,
         "queue": sched.queue,
+        "overlap": sched.overlap.value,
+        "skipped_ticks": info.skipped_ticks,
         "enabled": info.enabled,
         "next_run_at": iso(info.next_run_at),
         "last_run_at": iso(info.last_run_at),

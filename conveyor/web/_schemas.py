@@ -177,6 +177,11 @@ class ScheduleOut(BaseModel):
     timezone: str
     type: str
     queue: str
+    overlap: Literal["allow", "skip"] = Field(
+        description="allow: every tick fires; skip: a tick is skipped while the previous "
+        "run is pending, queued, running or waiting"
+    )
+    skipped_ticks: int = Field(description="Ticks skipped so far under overlap=skip")
     enabled: bool
     next_run_at: datetime
     last_run_at: datetime | None

@@ -52,6 +52,7 @@ def build(url: str | None = None) -> Conveyor:
     app.job(name=MARKUP_TYPE, max_attempts=1)(markup)
 
     app.schedule("nightly", "0 3 * * *", "add", {"a": 1, "b": 2})
+    app.schedule("hourly", "0 * * * *", "add", {"a": 2, "b": 3}, overlap="skip")
     return app
 
 

@@ -540,12 +540,12 @@ RETURNING *;
 -- Create a schedule or update its definition; a changed cron or timezone restarts its ticks.
 INSERT INTO conveyor_schedules AS s (
     name, cron, timezone, type, payload, queue, priority, max_attempts, timeout,
-    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, enabled,
-    next_run_at, created_at, updated_at
+    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, overlap,
+    enabled, next_run_at, created_at, updated_at
 ) VALUES (
     %(name)s, %(cron)s, %(timezone)s, %(type)s, %(payload)s::json, %(queue)s, %(priority)s,
     %(max_attempts)s, %(timeout)s, %(lease_seconds)s, %(backoff_base)s, %(backoff_cap)s,
-    %(catch_up)s, %(backfill_limit)s, %(grace)s, true, %(next_run_at)s,
+    %(catch_up)s, %(backfill_limit)s, %(grace)s, %(overlap)s, true, %(next_run_at)s,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
 )
 ON CONFLICT (name) DO UPDATE SET
@@ -557,7 +557,7 @@ ON CONFLICT (name) DO UPDATE SET
     lease_seconds = excluded.lease_seconds, backoff_base = excluded.backoff_base,
     backoff_cap = excluded.backoff_cap, catch_up = excluded.catch_up,
     backfill_limit = excluded.backfill_limit, grace = excluded.grace,
-    updated_at = excluded.updated_at;
+    overlap = excluded.overlap, updated_at = excluded.updated_at;
 
 -- name: due_schedules
 -- Enabled schedules whose next tick has come, with the time they were read at; one being
@@ -570,9 +570,15 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: advance_schedule
 -- Move a schedule to its next tick, only if no other worker did it first.
-UPDATE conveyor_schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
+UPDATE conveyor_schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s,
+    skipped_ticks = skipped_ticks + %(skipped)s
 WHERE name = %(name)s AND next_run_at = %(expected)s
 RETURNING name;
+
+-- name: schedule_run_status
+-- The status of the job a schedule fired for its last tick (its id: by primary key). A
+-- plain read: the schedule's row lock (due_schedules) already keeps other firers out.
+SELECT status FROM conveyor_jobs WHERE id = %(id)s;
 
 -- name: schedules
 -- Every schedule, by name.

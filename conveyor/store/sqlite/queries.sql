@@ -353,12 +353,12 @@ INSERT INTO conveyor_rate_window (type, at) SELECT value, :now FROM json_each(:t
 -- Create a schedule or update its definition; a changed cron or timezone restarts its ticks.
 INSERT INTO conveyor_schedules (
     name, cron, timezone, type, payload, queue, priority, max_attempts, timeout,
-    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, enabled,
-    next_run_at, created_at, updated_at
+    lease_seconds, backoff_base, backoff_cap, catch_up, backfill_limit, grace, overlap,
+    enabled, next_run_at, created_at, updated_at
 ) VALUES (
     :name, :cron, :timezone, :type, :payload, :queue, :priority, :max_attempts, :timeout,
-    :lease_seconds, :backoff_base, :backoff_cap, :catch_up, :backfill_limit, :grace, 1,
-    :next_run_at, :now, :now
+    :lease_seconds, :backoff_base, :backoff_cap, :catch_up, :backfill_limit, :grace, :overlap,
+    1, :next_run_at, :now, :now
 )
 ON CONFLICT (name) DO UPDATE SET
     next_run_at = CASE WHEN cron <> excluded.cron OR timezone <> excluded.timezone
@@ -369,7 +369,7 @@ ON CONFLICT (name) DO UPDATE SET
     lease_seconds = excluded.lease_seconds, backoff_base = excluded.backoff_base,
     backoff_cap = excluded.backoff_cap, catch_up = excluded.catch_up,
     backfill_limit = excluded.backfill_limit, grace = excluded.grace,
-    updated_at = excluded.updated_at;
+    overlap = excluded.overlap, updated_at = excluded.updated_at;
 
 -- name: due_schedules
 -- Enabled schedules whose next tick has come, with the time they were read at.
@@ -380,9 +380,14 @@ LIMIT :limit;
 
 -- name: advance_schedule
 -- Move a schedule to its next tick, only if no other worker did it first.
-UPDATE conveyor_schedules SET next_run_at = :next_run_at, last_run_at = :last_run_at
+UPDATE conveyor_schedules SET next_run_at = :next_run_at, last_run_at = :last_run_at,
+    skipped_ticks = skipped_ticks + :skipped
 WHERE name = :name AND next_run_at = :expected
 RETURNING name;
+
+-- name: schedule_run_status
+-- The status of the job a schedule fired for its last tick (its id: by primary key).
+SELECT status FROM conveyor_jobs WHERE id = :id;
 
 -- name: schedules
 -- Every schedule, by name.
