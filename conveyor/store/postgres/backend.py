@@ -42,6 +42,7 @@ from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
+from conveyor.store._reads import SharedReads
 from conveyor.store.postgres._codec import (
     DIALECT,
     fetch_jobs,
@@ -77,9 +78,7 @@ from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
     Limits,
-    MinuteStats,
     QueueInfo,
-    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -135,7 +134,7 @@ def _retrying(pool: ConnectionPool[SyncConnection], work: Callable[[SyncConnecti
     raise AssertionError("not reached")
 
 
-class PostgresStore:
+class PostgresStore(SharedReads):
     """A store on one PostgreSQL database, shared by any number of workers and clients.
 
     Single statements run on a pool of autocommit connections on the event loop;
@@ -143,6 +142,8 @@ class PostgresStore:
     ``wait_for_jobs`` keeps one more connection that LISTENs for wake-ups and cancel
     requests.
     """
+
+    dialect = DIALECT
 
     def __init__(
         self,
@@ -325,6 +326,9 @@ class PostgresStore:
             self._checking = asyncio.get_running_loop().create_task(
                 pool.check(), name="conveyor-postgres-check"
             )
+
+    def _time_param(self, value: datetime | None) -> Any:
+        return self._now() if value is None else value
 
     async def _fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[DictRow]:
         async def fetch(conn: Connection) -> list[DictRow]:
@@ -792,10 +796,6 @@ class PostgresStore:
     async def create_token(self, token: Token) -> None:
         await self._execute("create_token", scripts.token_params(token))
 
-    async def find_token(self, token_id: str) -> Token | None:
-        rows = await self._fetch("find_token", {"id": token_id})
-        return scripts.token(DIALECT, rows[0]) if rows else None
-
     async def touch_token(self, token_id: str) -> None:
         await self._execute("touch_token", {"id": token_id, "now": self._now()})
 
@@ -803,34 +803,5 @@ class PostgresStore:
         rows = await self._fetch("revoke_token", {"id": token_id, "now": self._now()})
         return scripts.token(DIALECT, rows[0]) if rows else None
 
-    async def list_tokens(self) -> list[Token]:
-        return [scripts.token(DIALECT, row) for row in await self._fetch("list_tokens")]
-
-    async def queue_lag(self) -> list[QueueLag]:
-        rows = await self._fetch("queue_lag", {"now": self._now()})
-        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
-
     async def record_audit(self, entry: AuditEntry) -> None:
         await self._execute("record_audit", scripts.audit_params(entry))
-
-    async def audit_log(
-        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
-    ) -> list[AuditEntry]:
-        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
-        rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
-        return [scripts.audit_entry(DIALECT, r) for r in rows]
-
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        rows = await self._fetch("minute_stats", {"since": since})
-        return [scripts.minute_stats(DIALECT, r) for r in rows]
-
-    async def lease_names(self, *, limit: int = 200) -> list[str]:
-        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
-
-    async def running_by_worker(self) -> dict[str, int]:
-        return {r["lease_owner"] or "": int(r["n"]) for r in await self._fetch("running_by_worker")}
-
-    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
-        name = "count_tree" if whole_tree else "count_children"
-        rows = await self._fetch(name, {"job_id": job_id})
-        return {r["status"]: int(r["n"]) for r in rows}

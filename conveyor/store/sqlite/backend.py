@@ -25,6 +25,7 @@ from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, NotAConveyorDatabase
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store._reads import SharedReads
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
@@ -33,9 +34,7 @@ from conveyor.store.protocol import (
     Lease,
     LeaseRecord,
     Limits,
-    MinuteStats,
     QueueInfo,
-    QueueLag,
     Rescued,
     Retention,
     ScheduleInfo,
@@ -69,8 +68,10 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     return rows[0] if rows else None
 
 
-class SQLiteStore:
+class SQLiteStore(SharedReads):
     """A store on one SQLite file."""
+
+    dialect = DIALECT
 
     def __init__(
         self, path: str, *, clock: Callable[[], float] = time.time, migrate: bool = True
@@ -147,6 +148,9 @@ class SQLiteStore:
     async def _read(self, script: scripts.Script[T]) -> T:
         """Run a reading script outside any transaction."""
         return await self._run(lambda conn: self._drive(conn, script))
+
+    def _time_param(self, value: datetime | None) -> Any:
+        return self._clock() if value is None else epoch(value)
 
     async def _fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run one named read outside any transaction and return its rows."""
@@ -547,10 +551,6 @@ class SQLiteStore:
         params = encode(scripts.token_params(token), self._clock())
         await self._write(lambda conn: conn.execute(_Q["create_token"], params))
 
-    async def find_token(self, token_id: str) -> Token | None:
-        rows = await self._fetch("find_token", {"id": token_id})
-        return scripts.token(DIALECT, rows[0]) if rows else None
-
     async def touch_token(self, token_id: str) -> None:
         params = {"id": token_id, "now": self._clock()}
         await self._write(lambda conn: conn.execute(_Q["touch_token"], params))
@@ -564,37 +564,8 @@ class SQLiteStore:
 
         return await self._write(revoke)
 
-    async def list_tokens(self) -> list[Token]:
-        return [scripts.token(DIALECT, r) for r in await self._fetch("list_tokens")]
-
-    async def queue_lag(self) -> list[QueueLag]:
-        rows = await self._fetch("queue_lag", {"now": self._clock()})
-        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
-
     # -- the dashboard: audit log, per-minute figures, named leases, counts --------------
 
     async def record_audit(self, entry: AuditEntry) -> None:
         params = encode(scripts.audit_params(entry), self._clock())
         await self._write(lambda conn: conn.execute(_Q["record_audit"], params))
-
-    async def audit_log(
-        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
-    ) -> list[AuditEntry]:
-        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
-        rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
-        return [scripts.audit_entry(DIALECT, r) for r in rows]
-
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        rows = await self._fetch("minute_stats", {"since": epoch(since)})
-        return [scripts.minute_stats(DIALECT, r) for r in rows]
-
-    async def lease_names(self, *, limit: int = 200) -> list[str]:
-        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
-
-    async def running_by_worker(self) -> dict[str, int]:
-        return {r["lease_owner"] or "": r["n"] for r in await self._fetch("running_by_worker")}
-
-    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
-        name = "count_tree" if whole_tree else "count_children"
-        rows = await self._fetch(name, {"job_id": job_id})
-        return {r["status"]: r["n"] for r in rows}

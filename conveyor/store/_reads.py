@@ -1,0 +1,65 @@
+"""Reads that are one named query and a row decoder on every backend, written once.
+
+Each backend inherits them and supplies ``_fetch`` (run a named read, return its rows)
+and ``_time_param`` (a time as its driver takes it; ``None`` for the store's now).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from conveyor.core.auth import Token
+from conveyor.store import _scripts as scripts
+from conveyor.store._scripts import Dialect
+from conveyor.store.protocol import AuditEntry, MinuteStats, QueueLag
+
+
+class SharedReads(ABC):
+    """The store operations whose only difference between dialects is the codec."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    async def _fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run one named read outside any transaction and return its rows."""
+
+    @abstractmethod
+    def _time_param(self, value: datetime | None) -> Any:
+        """``value`` as this backend's queries take a time; ``None`` is the store's now."""
+
+    async def find_token(self, token_id: str) -> Token | None:
+        rows = await self._fetch("find_token", {"id": token_id})
+        return scripts.token(self.dialect, rows[0]) if rows else None
+
+    async def list_tokens(self) -> list[Token]:
+        return [scripts.token(self.dialect, r) for r in await self._fetch("list_tokens")]
+
+    async def queue_lag(self) -> list[QueueLag]:
+        rows = await self._fetch("queue_lag", {"now": self._time_param(None)})
+        return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        params = {"tenant": tenant, "before_id": before_id, "limit": limit}
+        rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
+        return [scripts.audit_entry(self.dialect, r) for r in rows]
+
+    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+        rows = await self._fetch("minute_stats", {"since": self._time_param(since)})
+        return [scripts.minute_stats(self.dialect, r) for r in rows]
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
+
+    async def running_by_worker(self) -> dict[str, int]:
+        rows = await self._fetch("running_by_worker")
+        return {r["lease_owner"] or "": int(r["n"]) for r in rows}
+
+    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
+        name = "count_tree" if whole_tree else "count_children"
+        rows = await self._fetch(name, {"job_id": job_id})
+        return {r["status"]: int(r["n"]) for r in rows}
