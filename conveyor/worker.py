@@ -459,6 +459,10 @@ class Worker:
                 2 * self.options.concurrency - len(self.leases),
             )
             claimed: list[Job] = []
+            # Burst mode ends on an empty claim only if nothing was running or settling
+            # when it was sent: a job that settles while the claim is in flight may have
+            # made work due (a spawned child, a dependent) that the claim could not see.
+            idle_before = self._idle_now()
             if free > 0:
                 # The database starts the lease at some moment after this one: counting
                 # from here, the worker never believes it holds a lease longer than it does.
@@ -491,13 +495,16 @@ class Worker:
                     self._start_claimed()
                 if len(claimed) == free:
                     continue  # more may be due; claim again as soon as slots free
-                idle = self._active == 0 and not self._outbox and not len(self.leases)
-                if not claimed and self.options.burst and idle:
+                if not claimed and self.options.burst and idle_before and self._idle_now():
                     return
             try:
                 await asyncio.wait_for(self._wakeup.wait(), self.options.poll_interval)
             except TimeoutError:
                 pass
+
+    def _idle_now(self) -> bool:
+        """Whether no handler runs and no result waits for its settle."""
+        return self._active == 0 and not self._outbox and not len(self.leases)
 
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -664,7 +671,8 @@ class Worker:
             elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
             else:
-                result = await asyncio.shield(self._in_thread(loop, job_type.fn, ctx, kwargs))
+                called = _in_thread(self._threads, loop, job_type.fn, ctx, kwargs)
+                result = await asyncio.shield(called)
         except Retry as exc:
             return self._failure(
                 run, Outcome.FAILED, f"retry requested: {exc.reason}", retry_after=exc.after
@@ -701,41 +709,6 @@ class Worker:
             result=result,
             result_ref=None if ctx.result_ref is None else str(ctx.result_ref),
         )
-
-    def _in_thread(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        fn: Callable[..., Any],
-        ctx: JobContext,
-        kwargs: dict[str, Any],
-    ) -> asyncio.Future[Any]:
-        """Call a sync handler on a thread of its own; the future gets its outcome."""
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def deliver(result: Any, error: BaseException | None) -> None:
-            if future.cancelled():
-                return
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-
-        def call() -> None:
-            try:
-                outcome: tuple[Any, BaseException | None] = (fn(ctx, **kwargs), None)
-            except BaseException as exc:
-                outcome = (None, exc)
-            try:
-                loop.call_soon_threadsafe(deliver, *outcome)
-            except RuntimeError:
-                pass  # the loop is closed: an abandoned handler outlived its worker
-
-        # A traced attempt's span is current in the handler's thread too.
-        if _tracing.enabled():
-            self._threads.submit(functools.partial(contextvars.copy_context().run, call))
-        else:
-            self._threads.submit(call)
-        return future
 
     def _settlement(
         self,
@@ -1223,6 +1196,42 @@ def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
         },
         rate={t.name: t.options.rate_limit for t in limited if t.options.rate_limit},
     )
+
+
+def _in_thread(
+    threads: _HandlerThreads,
+    loop: asyncio.AbstractEventLoop,
+    fn: Callable[..., Any],
+    ctx: JobContext,
+    kwargs: dict[str, Any],
+) -> asyncio.Future[Any]:
+    """Call a sync handler on a thread of its own; the future gets its outcome."""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def deliver(result: Any, error: BaseException | None) -> None:
+        if future.cancelled():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def call() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(ctx, **kwargs), None)
+        except BaseException as exc:
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(deliver, *outcome)
+        except RuntimeError:
+            pass  # the loop is closed: an abandoned handler outlived its worker
+
+    # A traced attempt's span is current in the handler's thread too.
+    if _tracing.enabled():
+        threads.submit(functools.partial(contextvars.copy_context().run, call))
+    else:
+        threads.submit(call)
+    return future
 
 
 async def _lease_current(run: _Run) -> bool:

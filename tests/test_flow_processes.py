@@ -75,16 +75,17 @@ async def test_rate_limit_holds_across_three_workers_and_other_types_run(
     for _ in range(3):
         workers.start("--concurrency", "20", *FAST)
     await all_done(procs_app, [*rated, *free])
-    records = workers.records()
-    rated_ids = {j.id for j in rated}
-    starts = sorted(r.at for r in records if r.job_id in rated_ids)
+    # The limit counts claims, so it is checked against the claim times the database
+    # recorded (a job's started_at), not against handler starts: on a loaded machine a
+    # handler can start long after its claim, and handlers of two windows bunch up.
+    claimed = await procs_app.store()
+    starts = sorted(j.started_at.timestamp() for j in await claimed.get_many([j.id for j in rated]))
     assert len(starts) == 200
-    # The limit counts claims; a handler starts a few milliseconds after its claim, so a
-    # window of handler starts is measured 50 ms short of the limit's one second.
-    worst = max(sum(1 for t in starts[i:] if t < start + 0.95) for i, start in enumerate(starts))
-    assert worst <= 20, f"{worst} starts within 0.95 s"
+    worst = max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
+    assert worst <= 20, f"{worst} claims within 1 s"
     assert (starts[-1] - starts[0]) >= 199 / 20 - 1.0
-    free_starts = [r.at for r in records if r.job_id in {j.id for j in free}]
+    free_jobs = await claimed.get_many([j.id for j in free])
+    free_starts = [j.started_at.timestamp() for j in free_jobs]
     assert len(free_starts) == 50
     assert max(free_starts) < starts[len(starts) // 2], "other types were not held back"
 
