@@ -21,6 +21,7 @@ from conveyor.errors import (
     LeaseHeld,
     LeaseLost,
     NotAConveyorDatabase,
+    RetryLimitReached,
     UnknownJobType,
 )
 from conveyor.store import Retention
@@ -50,6 +51,7 @@ __all__ = [
     "Progress",
     "Retention",
     "Retry",
+    "RetryLimitReached",
     "Status",
     "Submission",
     "UnknownJobType",

@@ -41,6 +41,7 @@ class JobOptions:
     key_concurrency: int | None = None  # at most this many running per concurrency_key
     rate_limit: tuple[int, float] | None = None  # at most N starts per window, cluster-wide
     retention: tuple[tuple[str, float], ...] = ()  # (status, seconds) overrides
+    retry_limit: int | None = 10  # manual retries of a job (a chain); None: no limit
 
     def __post_init__(self) -> None:
         for option in ("concurrency", "global_concurrency", "key_concurrency"):
@@ -49,6 +50,13 @@ class JobOptions:
                 raise ConfigurationError(
                     f"{option} of {self.name!r} must be a positive integer, not {value!r}"
                 )
+        if self.retry_limit is not None and (
+            not isinstance(self.retry_limit, int) or self.retry_limit < 0
+        ):
+            raise ConfigurationError(
+                f"retry_limit of {self.name!r} must be a whole number of retries, 0 or more, "
+                f"or None for no limit; not {self.retry_limit!r}"
+            )
         for status, _seconds in self.retention:
             if status not in ("succeeded", "failed", "cancelled"):
                 raise ConfigurationError(

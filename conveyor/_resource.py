@@ -61,6 +61,10 @@ def job_resource(job: Job, prefix: str = "/jobs") -> dict[str, Any]:
         "depends_on": list(job.depends_on),
         "unique_key": job.unique_key,
         "retry_of": job.retry_of,
+        "retry_count": job.retry_count,
+        "retried_by": job.retried_by,
+        "submitted_by": job.submitted_by,
+        "below": None if job.below is None else job.below.to_dict(),
         "timeout": job.timeout,
         "run_at": iso(job.run_at),
         "created_at": iso(job.created_at),
@@ -73,6 +77,12 @@ def job_resource(job: Job, prefix: str = "/jobs") -> dict[str, Any]:
             "parent": job_url(prefix, job.parent_id) if job.parent_id else None,
             "root": job_url(prefix, job.root_id) if job.root_id else None,
             "cancel": None if job.terminal else f"{here}/cancel",
-            "retry": (f"{here}/retry" if job.status in (Status.FAILED, Status.CANCELLED) else None),
+            "retry": (
+                f"{here}/retry"
+                if job.status in (Status.FAILED, Status.CANCELLED) and job.retried_by is None
+                else None
+            ),
+            "events": f"{here}/events",
+            "retry_failed_children": f"{here}/retry-failed-children",
         },
     }

@@ -38,6 +38,7 @@ from conveyor.errors import (
 )
 from conveyor.store.protocol import (
     AuditEntry,
+    JobEvent,
     LeaseRecord,
     MinuteStats,
     QueueInfo,
@@ -67,6 +68,11 @@ class TenantView:
     def __init__(self, app: Conveyor, principal: Principal) -> None:
         self.app = app
         self.principal = principal
+
+    @property
+    def who(self) -> str:
+        """What jobs submitted or retried through this view record as ``submitted_by``."""
+        return f"token:{self.principal.token_id}"
 
     def can_see(self, tenant: str | None) -> bool:
         """Whether a job of ``tenant`` is visible: its own tenant's, or any for an admin."""
@@ -157,7 +163,7 @@ class TenantView:
             scoped.append(replace(sub, tenant=tenant, id=job_id))
         await self._refuse_conflicts(scoped)
         await self._check_dependencies(scoped)
-        results = await self.app.submit_many_reporting(scoped)
+        results = await self.app.submit_many_reporting(scoped, submitted_by=self.who)
         for handle, created in results:
             if not created and not self.can_see(handle.record.tenant):
                 raise IdempotencyConflict(
@@ -190,17 +196,16 @@ class TenantView:
             )
         self.require(Role.WRITE)
         await self.app.authorize(self.principal, job.type, job.payload)
-        new = (await self.app.retry(job_id)).record
+        new = (await self.app.retry(job_id, submitted_by=self.who)).record
         await self.audit("job.retry", job_id, f"as {new.id}")
         return new
 
     async def retry_failed_children(self, job_id: str, *, limit: int = BULK_LIMIT) -> list[Job]:
-        """Retry each failed child of a visible job; return the new jobs."""
+        """Retry every failed job below a visible job (the failures, not the parents they
+        failed, which re-open); return the new jobs."""
         self.require(Role.WRITE)
         await self.get(job_id)
-        failed = await self._ids(
-            {"parent_id": job_id, "status": (Status.FAILED,), "include_children": True}, limit
-        )
+        failed = await (await self.app.store()).failed_below(job_id, limit=limit)
         retried = [await self._retry_quietly(i) for i in failed]
         new = [job for job in retried if job is not None]
         await self.audit("job.retry_failed_children", job_id, f"{len(new)} children retried")
@@ -252,7 +257,7 @@ class TenantView:
         if job.status not in (Status.FAILED, Status.CANCELLED):
             raise InvalidState(f"job {job_id} is {job.status.value}")
         await self.app.authorize(self.principal, job.type, job.payload)
-        return (await self.app.retry(job_id)).record
+        return (await self.app.retry(job_id, submitted_by=self.who)).record
 
     async def _retry_quietly(self, job_id: str) -> Job | None:
         try:
@@ -301,10 +306,10 @@ class TenantView:
         await self.audit("schedule.enable" if enabled else "schedule.disable", name)
         return info
 
-    async def count_below(self, job_id: str) -> dict[str, int]:
-        """Count by status the jobs below a visible job (its tree if it is a root)."""
+    async def events(self, job_id: str) -> list[JobEvent]:
+        """A visible job's events besides its attempts, oldest first."""
         await self.get(job_id)
-        return await self.app.count_below(job_id)
+        return await self.app.events(job_id)
 
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lease with its current and last holders, newest first."""

@@ -49,6 +49,7 @@ from conveyor._registry import (
     optional_seconds,
 )
 from conveyor._tokens import Tokens
+from conveyor._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
@@ -82,7 +83,7 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
-from conveyor.store.protocol import AuditEntry, MinuteStats
+from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats
 from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -116,6 +117,7 @@ class Conveyor:
             weakref.WeakKeyDictionary()
         )
         self._tokens = Tokens(self.store, self.registry)
+        self._trees = Trees(self)
         self.metrics = Metrics()
         self.hooks = Hooks()
 
@@ -148,6 +150,7 @@ class Conveyor:
         key_concurrency: int | None = None,
         rate_limit: str | None = None,
         retention: Mapping[str, Duration] | None = None,
+        retry_limit: int | None = DEFAULT_RETRY_LIMIT,
     ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
     def job(
@@ -170,6 +173,7 @@ class Conveyor:
         key_concurrency: int | None = None,
         rate_limit: str | None = None,
         retention: Mapping[str, Duration] | None = None,
+        retry_limit: int | None = DEFAULT_RETRY_LIMIT,
     ) -> JobDefinition[P, R] | Callable[[Callable[P, R]], JobDefinition[P, R]]:
         """Register a handler as a job type (usable as ``@app.job`` or ``@app.job(...)``).
 
@@ -179,6 +183,7 @@ class Conveyor:
         1 makes a singleton), ``key_concurrency`` (per ``concurrency_key`` given at
         submit), ``rate_limit`` such as ``"100/m"`` (starts, across the cluster).
         ``retention`` overrides how long finished jobs are kept, e.g. ``{"succeeded": "1h"}``.
+        ``retry_limit``: manual retries a job may have in a chain (None: no limit).
         ``authorize(principal, payload) -> bool`` is an extra check for submits through
         the REST API: returning False or raising refuses the job with 403.
         """
@@ -203,6 +208,7 @@ class Conveyor:
                 global_concurrency=global_concurrency,
                 key_concurrency=key_concurrency,
                 rate_limit=_rate(rate_limit),
+                retry_limit=retry_limit,
                 retention=tuple(
                     (status, optional_seconds(value, f"retention {status}") or 0.0)
                     for status, value in (retention or {}).items()
@@ -312,12 +318,15 @@ class Conveyor:
         )
         return (await self.submit_many([submission], connection=connection))[0]
 
-    def prepare(self, submissions: Sequence[Submission]) -> list[NewJob]:
-        """Validate submissions into jobs ready to insert (raises on bad input)."""
+    def prepare(
+        self, submissions: Sequence[Submission], *, submitted_by: str = "local"
+    ) -> list[NewJob]:
+        """Validate submissions into jobs ready to insert (raises on bad input);
+        ``submitted_by`` says who submits them (``"local"``: code, ``"token:<id>"``...)."""
         # Inside a submit span, the jobs carry its trace context; in a handler, the
         # attempt's (its children's runs then appear under it).
         traceparent = _tracing.current_traceparent()
-        new_jobs = [self._prepare(s, traceparent) for s in submissions]
+        new_jobs = [self._prepare(s, traceparent, submitted_by) for s in submissions]
         _check_acyclic(new_jobs)
         return new_jobs
 
@@ -350,7 +359,9 @@ class Conveyor:
             results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
 
-    def _prepare(self, s: Submission, traceparent: str | None = None) -> NewJob:
+    def _prepare(
+        self, s: Submission, traceparent: str | None = None, submitted_by: str = "local"
+    ) -> NewJob:
         job_type = self.registry.get(s.type)
         options = job_type.options
         payload = job_type.validate(s.payload)
@@ -386,6 +397,7 @@ class Conveyor:
             concurrency_key=s.concurrency_key,
             depends_on=_dependency_ids(s.depends_on),
             trace_context=traceparent,
+            submitted_by=submitted_by,
         )
 
     def _wallclock(self) -> float:
@@ -411,7 +423,8 @@ class Conveyor:
         root_id: str | None = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
-        top_level: bool = False,
+        include_children: bool = False,
+        top_level: bool | None = None,
         newest_first: bool = True,
         cursor: str | None = None,
         limit: int = 50,
@@ -420,8 +433,12 @@ class Conveyor:
 
         Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
         ``cursor`` (with the same filters) for the following page; ``next`` is None on
-        the last page. ``top_level`` leaves out jobs that have a parent.
+        the last page. Top-level jobs only, unless ``include_children`` or a
+        ``parent_id``/``root_id`` asks for jobs spawned by others (``top_level`` decides
+        it explicitly).
         """
+        if top_level is None:
+            top_level = not (include_children or parent_id or root_id)
         try:
             statuses = tuple(Status(s) for s in status)
         except ValueError as exc:
@@ -455,15 +472,19 @@ class Conveyor:
         status: Iterable[Status | str] = (),
         type: str | None = None,
         queue: str | None = None,
-        top_level: bool = False,
+        include_children: bool = False,
+        top_level: bool | None = None,
         limit: int = 50,
     ) -> list[JobHandle]:
-        """Return jobs, newest first: the first page of :meth:`page_jobs`.
-
-        ``top_level`` leaves out jobs spawned by other jobs.
-        """
+        """Return jobs, newest first: the first page of :meth:`page_jobs` (top-level jobs
+        unless ``include_children``)."""
         page = await self.page_jobs(
-            status=status, type=type, queue=queue, top_level=top_level, limit=limit
+            status=status,
+            type=type,
+            queue=queue,
+            include_children=include_children,
+            top_level=top_level,
+            limit=limit,
         )
         return page.jobs
 
@@ -479,46 +500,30 @@ class Conveyor:
             raise JobNotFound(job_id)
         return JobHandle(self, job)
 
-    async def retry(self, job_id: str) -> JobHandle:
-        """Retry a failed or cancelled job as a new job with ``retry_of`` set.
-
-        The old row is not changed; the new job starts with the old one's last checkpoint.
+    async def retry(self, job_id: str, *, submitted_by: str = "local") -> JobHandle:
+        """Retry a failed or cancelled job as a new job that takes its place below its
+        parents (which re-open); ``retry_of`` is the chain's first job, ``retry_count``
+        the retries before it. Past the type's ``retry_limit``: :class:`RetryLimitReached`.
+        The old row only records ``retried_by``; the new job starts from its checkpoint.
         """
-        old = (await self.get(job_id)).record
-        new = NewJob(
-            id=new_id(self._wallclock()),
-            type=old.type,
-            payload=old.payload,
-            queue=old.queue,
-            priority=old.priority,
-            max_attempts=old.max_attempts,
-            timeout=old.timeout,
-            lease=old.lease,
-            backoff_base=old.backoff_base,
-            backoff_cap=old.backoff_cap,
-            tenant=old.tenant,
-            unique_key=old.unique_key,
-            concurrency_key=old.concurrency_key,
-            parent_id=old.parent_id,
-            root_id=old.root_id,
-            retry_of=old.id,
-            state=old.state,
-        )
-        job = await (await self.store()).retry(job_id, new)
-        if job is None:
-            raise JobNotFound(job_id)
-        return JobHandle(self, job)
+        return await self._trees.retry(job_id, submitted_by=submitted_by)
+
+    async def retry_failed_children(self, job_id: str) -> list[JobHandle]:
+        """Retry every failed job below ``job_id`` (the failures, not the parents they
+        failed), re-opening its ancestors; return the new jobs."""
+        return await self._trees.retry_failed_children(job_id)
+
+    async def events(self, job_id: str) -> list[JobEvent]:
+        """A job's events besides its attempts (``reopened``), oldest first."""
+        return await self._trees.events(job_id)
 
     async def children(self, job_id: str, *, limit: int = 1000) -> list[JobHandle]:
         """Return a job's direct children, newest first."""
         return (await self.page_jobs(parent_id=job_id, limit=limit)).jobs
 
     async def tree(self, root_id: str, *, limit: int = 10_000) -> list[JobHandle]:
-        """Return a job and every job below it (``root_id`` links them), oldest first."""
-        root = await self.get(root_id)
-        query = JobPageQuery(root_id=root_id, newest_first=False, limit=limit)
-        below = await (await self.store()).page_jobs(query)
-        return [root, *sorted((JobHandle(self, j) for j in below), key=lambda h: h.id)]
+        """Return a job and every job below it (``root_id`` links them), the root first."""
+        return await self._trees.tree(root_id, limit=limit)
 
     async def workers(self) -> list[WorkerInfo]:
         return await (await self.store()).workers()
@@ -688,7 +693,7 @@ class Conveyor:
     # -- the REST API's submits and reads, health, API tokens ----------------------------
 
     async def submit_many_reporting(
-        self, submissions: Sequence[Submission]
+        self, submissions: Sequence[Submission], *, submitted_by: str = "local"
     ) -> list[tuple[JobHandle, bool]]:
         """Submit as :meth:`submit_many`; also say whether each job was created by this call.
 
@@ -696,7 +701,7 @@ class Conveyor:
         the same ``unique_key``.
         """
         with _tracing.submit_span(submissions):
-            new_jobs = self.prepare(submissions)
+            new_jobs = self.prepare(submissions, submitted_by=submitted_by)
             results = await (await self.store()).submit(new_jobs)
         handles = self.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
@@ -776,13 +781,6 @@ class Conveyor:
     async def running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker is running now."""
         return await (await self.store()).running_by_worker()
-
-    async def count_below(self, job_id: str) -> dict[str, int]:
-        """Count by status the jobs below a job: its whole tree if it is a root, else its
-        children."""
-        job = (await self.get(job_id)).record
-        store = await self.store()
-        return await store.count_below(job_id, whole_tree=job.root_id is None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,10 @@ class InvalidState(ConveyorError):
     """The job's status does not allow the requested action."""
 
 
+class RetryLimitReached(InvalidState):
+    """A job was retried by hand as many times as its type allows (``retry_limit=``)."""
+
+
 class LeaseHeld(ConveyorError):
     """A named lease is held by another owner."""
 
@@ -144,6 +148,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NotAConveyorDatabase",
+    "RetryLimitReached",
     "ScheduleNotFound",
     "StorageError",
     "TokenNotFound",

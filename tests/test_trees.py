@@ -59,7 +59,7 @@ async def test_parent_fails_when_a_child_exhausts_its_attempts(app: Conveyor) ->
     job = await parent.submit()
     async with running_worker(app):
         await settled(job, Status.FAILED)
-    assert job.error == "1 failed and 0 cancelled of 2 children"
+    assert job.error == "1 failed and 0 cancelled of 2 jobs below it"
     # The handler itself succeeded: its one attempt is recorded as such.
     assert [a.outcome for a in await job.attempts()] == [Outcome.SUCCEEDED]
 

@@ -44,6 +44,7 @@ class Event(StrEnum):
     FAIL = "fail"  # an attempt failed and no attempt remains, or the error is final
     HAND_BACK = "hand_back"  # graceful shutdown returns the job without spending an attempt
     CANCEL = "cancel"
+    REOPEN = "reopen"  # a manual retry of a failed job below it: it waits for that retry
 
 
 class IllegalTransition(ValueError):
@@ -70,6 +71,7 @@ TRANSITIONS: dict[tuple[Status, Event], Status] = {
     (Status.WAITING, Event.CHILDREN_SUCCEEDED): Status.SUCCEEDED,
     (Status.WAITING, Event.CHILDREN_FAILED): Status.FAILED,
     (Status.WAITING, Event.CANCEL): Status.CANCELLED,
+    (Status.FAILED, Event.REOPEN): Status.WAITING,
 }
 
 
@@ -97,8 +99,9 @@ def sources(event: Event) -> frozenset[Status]:
 def children_event(counts: dict[Status, int]) -> Event | None:
     """Decide a parent's fate from its children's statuses; None while any is unfinished.
 
-    A child that failed and was retried to success counts as succeeded: only final
-    statuses are counted.
+    ``counts`` are those of every job below the parent, where a job that a manual retry
+    took the place of is no longer counted: a child that failed and was retried to
+    success (automatically or by hand) counts as succeeded.
 
     >>> children_event({Status.SUCCEEDED: 3})
     <Event.CHILDREN_SUCCEEDED: 'children_succeeded'>
@@ -131,11 +134,11 @@ def returned_event(children: dict[Status, int]) -> Event:
 
 
 def children_error(counts: dict[Status, int]) -> str:
-    """Describe why a parent failed, from its children's statuses."""
+    """Describe why a parent failed, from the statuses of the jobs below it."""
     failed = counts.get(Status.FAILED, 0)
     cancelled = counts.get(Status.CANCELLED, 0)
     total = sum(counts.values())
-    return f"{failed} failed and {cancelled} cancelled of {total} children"
+    return f"{failed} failed and {cancelled} cancelled of {total} jobs below it"
 
 
 def dependency_event(dependency: Status) -> Event | None:

@@ -65,9 +65,11 @@ class NewJob:
     depends_on: tuple[str, ...] = ()
     parent_id: str | None = None
     root_id: str | None = None
-    retry_of: str | None = None
+    retry_of: str | None = None  # a manual retry: the first job of the retried chain
     state: JSON = None  # initial checkpoint, e.g. carried over by a manual retry
     trace_context: str | None = None  # the submitter's W3C traceparent, when traced
+    retry_count: int = 0  # how many manual retries came before this job
+    submitted_by: str = "local"  # who submitted it: "token:<id>", "local" from code, ...
 
     def stored(self, status: Status, run_at: datetime, created_at: datetime) -> Job:
         """The job as a store has just inserted it, with the times the store decided."""
@@ -95,6 +97,8 @@ class NewJob:
             concurrency_key=self.concurrency_key,
             retry_of=self.retry_of,
             trace_context=self.trace_context,
+            retry_count=self.retry_count,
+            submitted_by=self.submitted_by,
         )
 
 
@@ -140,10 +144,59 @@ class Job:
     lease_token: int = 0
     cancel_requested: bool = False
     trace_context: str | None = None  # the submitter's W3C traceparent, when traced
+    retry_count: int = 0  # manual retries before this job (its retry_of is the first job)
+    retried_by: str | None = None  # the manual retry that took this job's place
+    submitted_by: str = "local"
+    below: TreeCounts | None = None  # the jobs below it, when read as one job with any
 
     @property
     def terminal(self) -> bool:
         return self.status.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class TreeCounts:
+    """The jobs below a parent by status, kept by the store as they change.
+
+    A job a manual retry took the place of is no longer counted; its retry is. ``done``
+    counts finished jobs, so ``done/total`` is the tree's progress.
+    """
+
+    pending: int = 0
+    queued: int = 0
+    running: int = 0
+    waiting: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.unfinished + self.done
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed + self.cancelled
+
+    @property
+    def unfinished(self) -> int:
+        return self.pending + self.queued + self.running + self.waiting
+
+    def by_status(self) -> dict[str, int]:
+        """Every status with its count (zeros included), in lifecycle order."""
+        return {
+            "pending": self.pending,
+            "queued": self.queued,
+            "running": self.running,
+            "waiting": self.waiting,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+        }
+
+    def to_dict(self) -> dict[str, int]:
+        """The counts with ``done`` and ``total``, as the API and callbacks show them."""
+        return self.by_status() | {"done": self.done, "total": self.total}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.core.auth import Token
 from conveyor.store import _scripts as scripts
 from conveyor.store._scripts import Dialect
-from conveyor.store.protocol import AuditEntry, MinuteStats, QueueLag
+from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats, QueueLag
 
 
 class SharedReads(ABC):
@@ -59,7 +59,10 @@ class SharedReads(ABC):
         rows = await self._fetch("running_by_worker")
         return {r["lease_owner"] or "": int(r["n"]) for r in rows}
 
-    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
-        name = "count_tree" if whole_tree else "count_children"
-        rows = await self._fetch(name, {"job_id": job_id})
-        return {r["status"]: int(r["n"]) for r in rows}
+    async def failed_below(self, job_id: str, *, limit: int) -> list[str]:
+        rows = await self._fetch("failed_below", {"id": job_id, "limit": limit})
+        return [r["id"] for r in rows]
+
+    async def job_events(self, job_id: str) -> list[JobEvent]:
+        rows = await self._fetch("job_events", {"id": job_id})
+        return [scripts.job_event(self.dialect, r) for r in rows]

@@ -21,7 +21,8 @@ JOB_COLUMNS = (
     "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
     "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
     "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
-    "lease_expires_at", "lease_token", "cancel_requested", "trace_context",
+    "lease_expires_at", "lease_token", "cancel_requested", "trace_context", "retry_count",
+    "retried_by", "submitted_by",
 )  # fmt: skip
 
 # A status by its stored value, without going through Enum's call.

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -44,10 +45,20 @@ from conveyor.core.lifecycle import (
     returned_event,
     transition,
 )
-from conveyor.core.model import JSON, Attempt, Job, NewJob, Outcome, Settlement, after_failure
+from conveyor.core.model import (
+    JSON,
+    Attempt,
+    Job,
+    NewJob,
+    Outcome,
+    Settlement,
+    TreeCounts,
+    after_failure,
+)
 from conveyor.errors import InvalidDependency, InvalidState
 from conveyor.store.protocol import (
     AuditEntry,
+    JobEvent,
     Lease,
     LeaseRecord,
     Limits,
@@ -283,34 +294,112 @@ def dumps(value: JSON) -> str | None:
 
 
 # -- trees and dependencies --------------------------------------------------------------
+#
+# Every parent has a row of conveyor_job_counts: the jobs below it (every level) by the
+# counter their status is kept in. Each statement that moves a job with a parent reports
+# the move (parent, status before, status after), and count_moves carries a batch of moves
+# up to every ancestor in one statement; a job without a parent reports none, so it pays
+# no statement. A parent is decided from its row, which its children's moves lock first:
+# the decision sees every move committed before it.
+
+# The counter each status is kept in: queued and running share one (a claim moves no
+# counter; the running jobs of a tree are counted on read, see get_with_counts).
+BUCKET = {
+    Status.PENDING: "pending",
+    Status.QUEUED: "active",
+    Status.RUNNING: "active",
+    Status.WAITING: "waiting",
+    Status.SUCCEEDED: "succeeded",
+    Status.FAILED: "failed",
+    Status.CANCELLED: "cancelled",
+}
+COUNTERS = ("pending", "active", "waiting", "succeeded", "failed", "cancelled")
+# A move: n jobs below `parent` went from one status to another (None: new, or gone).
+Change = tuple[str | None, Status | None, Status | None]
 
 
-def children_counts(ids: Sequence[str]) -> Script[dict[str, dict[Status, int]]]:
-    """Return how many children of each job are in each status."""
-    counts: dict[str, dict[Status, int]] = {}
-    for row in (yield "children_counts", {"ids": list(ids)}):
-        counts.setdefault(row["parent_id"], {})[Status(row["status"])] = int(row["n"])
-    return counts
+def moves_of(changes: Iterable[Change]) -> list[dict[str, Any]]:
+    """Group changes into count_moves' moves, leaving out those that move no counter."""
+    grouped: Counter[tuple[str, str | None, str | None]] = Counter()
+    for parent, before, after in changes:
+        src = None if before is None else BUCKET[before]
+        dst = None if after is None else BUCKET[after]
+        if parent is not None and src != dst:
+            grouped[(parent, src, dst)] += 1
+    return [
+        {"parent": parent, "src": src, "dst": dst, "n": n}
+        for (parent, src, dst), n in sorted(grouped.items(), key=str)
+    ]
+
+
+def count_moves(moves: Sequence[Mapping[str, Any]]) -> Script[None]:
+    """Carry moves to the counts of every ancestor (no statement when there are none)."""
+    if moves:
+        yield "count_moves", {"moves": json.dumps(list(moves), separators=(",", ":"))}
+
+
+def counts_by_status(row: Row | None) -> dict[Status, int]:
+    """A conveyor_job_counts row as counts by status (queued standing for active)."""
+    if row is None:
+        return {}
+    return {
+        Status.PENDING: int(row["pending"]),
+        Status.QUEUED: int(row["active"]),
+        Status.WAITING: int(row["waiting"]),
+        Status.SUCCEEDED: int(row["succeeded"]),
+        Status.FAILED: int(row["failed"]),
+        Status.CANCELLED: int(row["cancelled"]),
+    }
+
+
+def tree_counts(row: Row) -> TreeCounts | None:
+    """Read the counts get_with_counts adds to a job's row (None: nothing below it)."""
+    if row["below_active"] is None:
+        return None
+    active = int(row["below_active"])
+    running = min(active, int(row["below_running"] or 0))
+    return TreeCounts(
+        pending=int(row["below_pending"]),
+        queued=active - running,
+        running=running,
+        waiting=int(row["below_waiting"]),
+        succeeded=int(row["below_succeeded"]),
+        failed=int(row["below_failed"]),
+        cancelled=int(row["below_cancelled"]),
+    )
+
+
+def get_with_counts(dialect: Dialect, job_id: str) -> Script[Job | None]:
+    """Read one job with the counts of the jobs below it."""
+    rows = yield "get_with_counts", {"id": job_id}
+    if not rows:
+        return None
+    job = dialect.job(rows[0])
+    job.below = tree_counts(rows[0])
+    return job
+
+
+def lock_counts(ids: Sequence[str]) -> Script[dict[str, dict[Status, int]]]:
+    """Lock and return the counts below these parents."""
+    rows = yield "lock_counts", {"ids": list(ids)}
+    return {row["job_id"]: counts_by_status(row) for row in rows}
 
 
 def decide_from_children(settlements: Sequence[Settlement]) -> Script[list[Settlement]]:
-    """Turn 'the handler returned' into waiting, succeeded or failed, from the children."""
-    ids = [s.job_id for s in settlements]
-    yield "lock_children", {"ids": ids}
-    counts = yield from children_counts(ids)
+    """Turn 'the handler returned' into waiting, succeeded or failed, from the jobs below."""
+    counts = yield from lock_counts([s.job_id for s in settlements])
     decided = []
     for s in settlements:
-        children = counts.get(s.job_id, {})
-        status = transition(Status.RUNNING, returned_event(children))
-        error = children_error(children) if status is Status.FAILED else s.error
+        below = counts.get(s.job_id, {})
+        status = transition(Status.RUNNING, returned_event(below))
+        error = children_error(below) if status is Status.FAILED else s.error
         decided.append(dataclasses.replace(s, status=status, error=error))
     return decided
 
 
-def finish_parent(parent_id: str) -> Script[Ended | None]:
-    """End a waiting parent whose children have all ended; return it if it ended."""
-    yield "lock_children", {"ids": [parent_id]}
-    counts = (yield from children_counts([parent_id])).get(parent_id, {})
+def finish_parent(dialect: Dialect, parent_id: str) -> Script[Ended | None]:
+    """End a waiting parent with nothing unfinished below it; return it if it ended."""
+    counts = (yield from lock_counts([parent_id])).get(parent_id, {})
     event = children_event(counts)
     if event is None:
         return None
@@ -318,96 +407,228 @@ def finish_parent(parent_id: str) -> Script[Ended | None]:
     error = children_error(counts) if status is Status.FAILED else None
     params = {"id": parent_id, "status": status.value, "error": error}
     rows = yield "finish_waiting", params
-    return (rows[0]["id"], rows[0]["parent_id"], status) if rows else None
+    if not rows:
+        return None
+    yield from fire_callbacks(dialect, parent_id, status, counts)
+    return (rows[0]["id"], rows[0]["parent_id"], status)
 
 
 def cascade(
-    ended: list[Ended], *, without_dependents: frozenset[str] = frozenset()
+    dialect: Dialect,
+    ended: list[Ended],
+    *,
+    moves: Sequence[Mapping[str, Any]] = (),
+    without_dependents: frozenset[str] = frozenset(),
+    parents: Collection[str] = (),
 ) -> Script[None]:
-    """Carry jobs' ends to their waiting parents and pending dependents, transitively.
+    """Count ``moves``, then carry jobs' ends to their parents and dependents, transitively.
 
-    A round at a time: each parent is decided once per round, however many of its
-    children ended (its children are counted whole), and dependents are looked for
-    except of ``without_dependents``, known to have none.
+    ``parents``: jobs of ``ended`` that have jobs below them (their callbacks fire). A
+    round at a time: each parent is decided once per round, however many of its children
+    ended, after the round's moves are counted; dependents are looked for except of
+    ``without_dependents``, known to have none.
     """
+    yield from count_moves(moves)
+    for job_id, _, status in ended:
+        if job_id in parents:
+            counts = (yield from lock_counts([job_id])).get(job_id, {})
+            yield from fire_callbacks(dialect, job_id, status, counts)
     todo = ended
     while todo:
         round_, todo = todo, []
+        changes: list[Change] = []
         for parent_id in sorted({p for _, p, _ in round_ if p is not None}):
-            finished = yield from finish_parent(parent_id)
+            finished = yield from finish_parent(dialect, parent_id)
             if finished is not None:
                 todo.append(finished)
+                changes.append((finished[1], Status.WAITING, finished[2]))
         for job_id, _, status in round_:
             if job_id not in without_dependents:
-                todo.extend((yield from _carry_to_dependents(job_id, status)))
+                cancelled, released = yield from _carry_to_dependents(job_id, status)
+                todo.extend(cancelled)
+                changes.extend((p, Status.PENDING, Status.CANCELLED) for _, p, _ in cancelled)
+                changes.extend((p, Status.PENDING, Status.QUEUED) for p in released)
+        yield from count_moves(moves_of(changes))
 
 
-def _carry_to_dependents(job_id: str, status: Status) -> Script[list[Ended]]:
-    """Queue a job's pending dependents that may now run, or cancel them; return those cancelled."""
+def _carry_to_dependents(
+    job_id: str, status: Status
+) -> Script[tuple[list[Ended], list[str | None]]]:
+    """Queue a job's pending dependents that may now run, or cancel them; return those
+    cancelled, and the parents of those queued."""
     cancelled: list[Ended] = []
+    released: list[str | None] = []
     for dependent in (yield "pending_dependents", {"id": job_id}):
         if dependency_event(status) is None:
             (unmet,) = yield "unmet_dependencies", {"id": dependent["id"]}
             if unmet["n"] == 0:
-                yield "release_pending", {"id": dependent["id"]}
+                rows = yield "release_pending", {"id": dependent["id"]}
+                released.extend(r["parent_id"] for r in rows)
             continue
         reason = f"dependency {job_id} {status.value}"
         rows = yield "cancel_pending", {"id": dependent["id"], "reason": reason}
         if rows:
             cancelled.append((rows[0]["id"], rows[0]["parent_id"], Status.CANCELLED))
-    return cancelled
+    return cancelled, released
 
 
-def finish_parents(limit: int) -> Script[list[str]]:
+def finish_parents(dialect: Dialect, limit: int) -> Script[list[str]]:
     """End waiting parents whose children have all ended; return their ids."""
     done = []
     for parent in (yield "waiting_parents", {"limit": limit}):
-        finished = yield from finish_parent(parent["id"])
+        finished = yield from finish_parent(dialect, parent["id"])
         if finished is not None:
             done.append(finished[0])
-            yield from cascade([finished])
+            moves = moves_of([(finished[1], Status.WAITING, finished[2])])
+            yield from cascade(dialect, [finished], moves=moves)
     return done
 
 
 def cancel(dialect: Dialect, job_id: str, reason: str) -> Script[Job | None]:
     """Cancel a job now, or ask its worker to; a waiting job takes its subtree along.
 
-    Each statement sees what committed before it: a job claimed between the first and
-    the last is still asked to stop.
+    The job is locked first, so the status it is cancelled from is the one counted.
     """
+    locked = yield "lock_job", {"id": job_id}
+    if not locked:
+        return None
+    before, parent_id = Status(locked[0]["status"]), locked[0]["parent_id"]
     params = {"id": job_id, "reason": reason}
     rows = yield "cancel_unstarted", params
+    parents: set[str] = set()
     if not rows:
         rows = yield "cancel_waiting", params
         if rows:
+            parents.add(job_id)
             for child in (yield "unfinished_descendants", {"id": job_id}):
-                yield from _cancel_below(job_id, child)
+                yield from _cancel_below(dialect, job_id, child["id"])
     if rows:
-        yield from cascade([(job_id, rows[0]["parent_id"], Status.CANCELLED)])
+        moves = moves_of([(parent_id, before, Status.CANCELLED)])
+        ended = [(job_id, parent_id, Status.CANCELLED)]
+        yield from cascade(dialect, ended, moves=moves, parents=parents)
     else:
         yield "request_cancel", params
     found = yield "get", {"id": job_id}
     return dialect.job(found[0]) if found else None
 
 
-def _cancel_below(job_id: str, child: Row) -> Script[None]:
+def _cancel_below(dialect: Dialect, job_id: str, child_id: str) -> Script[None]:
     """Cancel a descendant of a cancelled parent, or ask its worker to stop it."""
-    params = {"id": child["id"], "reason": f"parent {job_id} cancelled"}
-    if child["status"] == Status.RUNNING.value:
+    locked = yield "lock_job", {"id": child_id}
+    if not locked:
+        return
+    before, parent_id = Status(locked[0]["status"]), locked[0]["parent_id"]
+    params = {"id": child_id, "reason": f"parent {job_id} cancelled"}
+    if before is Status.RUNNING:
         yield "request_cancel", params
         return
-    yield "cancel_unstarted", params
-    yield "cancel_waiting", params
-    yield from cascade([(child["id"], None, Status.CANCELLED)])
+    if before in (Status.PENDING, Status.QUEUED):
+        rows = yield "cancel_unstarted", params
+    elif before is Status.WAITING:
+        rows = yield "cancel_waiting", params
+    else:
+        return
+    if rows:
+        # Its parent is being cancelled too: only its dependents are carried on.
+        moves = moves_of([(parent_id, before, Status.CANCELLED)])
+        parents = {child_id} if before is Status.WAITING else set()
+        ended: list[Ended] = [(child_id, None, Status.CANCELLED)]
+        yield from cascade(dialect, ended, moves=moves, parents=parents)
+
+
+# -- completion callbacks ----------------------------------------------------------------
+
+
+def callback_definition(job: NewJob) -> str:
+    """A callback's definition as stored until its batch ends (JSON text)."""
+    return json.dumps(
+        {
+            "type": job.type,
+            "payload": job.payload,
+            "queue": job.queue,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "timeout": job.timeout,
+            "lease": job.lease,
+            "backoff_base": job.backoff_base,
+            "backoff_cap": job.backoff_cap,
+            "tenant": job.tenant,
+            "concurrency_key": job.concurrency_key,
+            "submitted_by": job.submitted_by,
+            "trace_context": job.trace_context,
+        },
+        separators=(",", ":"),
+    )
+
+
+def callback_job(
+    parent_id: str, kind: str, fired: int, definition: Mapping[str, Any], batch: JSON
+) -> NewJob:
+    """The job a callback submits, with the batch's outcome as ``batch`` in its payload.
+
+    Its id comes from the parent's, so that it is submitted once per end of the batch: a
+    re-opened parent that ends again fires it again, as ``<id>.on_<kind>.<n>``.
+    """
+    suffix = "" if fired <= 1 else f".{fired}"
+    return NewJob(
+        id=f"{parent_id}.on_{kind}{suffix}",
+        type=definition["type"],
+        payload={**definition["payload"], "batch": batch},
+        queue=definition["queue"],
+        priority=definition["priority"],
+        max_attempts=definition["max_attempts"],
+        timeout=definition["timeout"],
+        lease=definition["lease"],
+        backoff_base=definition["backoff_base"],
+        backoff_cap=definition["backoff_cap"],
+        tenant=definition["tenant"],
+        concurrency_key=definition["concurrency_key"],
+        submitted_by=definition["submitted_by"],
+        trace_context=definition["trace_context"],
+    )
+
+
+def fire_callbacks(
+    dialect: Dialect, job_id: str, status: Status, counts: Mapping[Status, int]
+) -> Script[None]:
+    """Submit a parent's callbacks now that its batch ended: ``complete`` whatever the
+    outcome, ``success`` only if it succeeded. They are top-level jobs, not children."""
+    kinds = ["complete", "success"] if status is Status.SUCCEEDED else ["complete"]
+    rows = yield "fire_callbacks", {"job_id": job_id, "kinds": kinds}
+    if not rows:
+        return
+    finished = TreeCounts(
+        succeeded=counts.get(Status.SUCCEEDED, 0),
+        failed=counts.get(Status.FAILED, 0),
+        cancelled=counts.get(Status.CANCELLED, 0),
+    )
+    batch = {"job_id": job_id, "status": status.value, **finished.to_dict()}
+    jobs = [
+        callback_job(job_id, r["kind"], int(r["fired"]), json.loads(r["job"]), batch)
+        for r in sorted(rows, key=lambda r: str(r["kind"]))
+    ]
+    yield from dialect.submit(jobs)
 
 
 # -- rescue ------------------------------------------------------------------------------
 
 
 def rescue_decisions(rows: Sequence[Row], jitter: float) -> list[Settlement]:
-    """Decide what becomes of jobs whose lease expired: each attempt ends as ``lost``."""
+    """Decide what becomes of jobs whose lease expired: each attempt ends as ``lost``.
+
+    A job whose cancel was asked for ends cancelled (its cancel reason kept), never runs
+    again: the request outlives the worker that was to act on it.
+    """
     return [
-        after_failure(
+        Settlement(
+            job_id=r["id"],
+            token=r["lease_token"],
+            status=Status.CANCELLED,
+            outcome=Outcome.LOST,
+            error=f"lease expired: worker {r['lease_owner']} stopped heartbeating",
+        )
+        if r["cancel_requested"]
+        else after_failure(
             job_id=r["id"],
             token=r["lease_token"],
             attempt=r["attempt"],
@@ -449,21 +670,67 @@ def check_dependencies(job: NewJob, found: Collection[str]) -> None:
 
 
 def retry(dialect: Dialect, job_id: str, new: NewJob) -> Script[Job | None]:
-    """Submit ``new`` as the retry of a failed or cancelled job."""
-    rows = yield "get", {"id": job_id}
+    """Submit ``new`` as the manual retry of a failed or cancelled job, in its place.
+
+    The old job is marked as retried (so it is retried once, and no longer counts below
+    its parents); the new one counts instead, and every ancestor that failed goes back to
+    ``waiting``, with a ``reopened`` event, to be decided again.
+    """
+    rows = yield "lock_job", {"id": job_id}
     if not rows:
         return None
-    status = rows[0]["status"]
-    if status not in (Status.FAILED.value, Status.CANCELLED.value):
+    old = dialect.job(rows[0])
+    if old.status not in (Status.FAILED, Status.CANCELLED):
         raise InvalidState(
-            f"job {job_id} is {status}: only failed or cancelled jobs can be retried"
+            f"job {job_id} is {old.status.value}: only failed or cancelled jobs can be retried"
         )
+    if old.retried_by is not None:
+        raise InvalidState(
+            f"job {job_id} was already retried as {old.retried_by}: retry that job instead"
+        )
+    yield "mark_retried", {"id": job_id, "by": new.id}
     (submitted,) = yield from dialect.submit([new])
+    if old.parent_id is None:
+        return submitted.job
+    # The old job leaves its parents' counts with everything below it; the new one enters.
+    below = (yield from lock_counts([job_id])).get(job_id, {})
+    changes: list[Change] = [(old.parent_id, old.status, None)]
+    changes.append((old.parent_id, None, submitted.job.status))
+    changes.extend((yield from _reopen(old.parent_id, f"job {job_id} retried as {new.id}")))
+    gone = [
+        {"parent": old.parent_id, "src": BUCKET[st], "dst": None, "n": n}
+        for st, n in below.items()
+        if n
+    ]
+    yield from count_moves([*moves_of(changes), *gone])
     return submitted.job
 
 
-def spawn(dialect: Dialect, lease: Lease, jobs: Sequence[NewJob]) -> Script[list[Submitted] | None]:
-    """Insert children of a leased job, fenced by its lease (None: the lease was lost)."""
+def _reopen(parent_id: str, why: str) -> Script[list[Change]]:
+    """Move the failed ancestors of a retried job back to waiting; return the moves."""
+    changes: list[Change] = []
+    current: str | None = parent_id
+    while current is not None:
+        rows = yield "reopen", {"id": current}
+        if not rows:
+            break
+        yield "record_event", {"job_id": current, "event": "reopened", "detail": why}
+        current = rows[0]["parent_id"]
+        changes.append((current, Status.FAILED, Status.WAITING))
+    return changes
+
+
+def spawn(
+    dialect: Dialect,
+    lease: Lease,
+    jobs: Sequence[NewJob],
+    callbacks: Mapping[str, NewJob] | None = None,
+) -> Script[list[Submitted] | None]:
+    """Insert children of a leased job, fenced by its lease (None: the lease was lost).
+
+    ``callbacks`` by kind (``complete``, ``success``): jobs to submit when this job's
+    batch (everything below it) has ended.
+    """
     holder = yield "lease_holder", {"id": lease.job_id, "token": lease.token}
     if not holder:
         return None
@@ -471,7 +738,23 @@ def spawn(dialect: Dialect, lease: Lease, jobs: Sequence[NewJob]) -> Script[list
     children = [dataclasses.replace(j, parent_id=lease.job_id, root_id=root_id) for j in jobs]
     if not children:
         return []
-    return (yield from dialect.submit(children))
+    submitted = yield from dialect.submit(children)
+    new = [(lease.job_id, None, s.job.status) for s in submitted if s.created]
+    yield from count_moves(moves_of(new))
+    for kind, job in (callbacks or {}).items():
+        params = {"job_id": lease.job_id, "kind": kind, "job": callback_definition(job)}
+        yield "upsert_callback", params
+    return submitted
+
+
+def job_event(dialect: Dialect, row: Row) -> JobEvent:
+    """Read a row of conveyor_job_events."""
+    return JobEvent(
+        job_id=row["job_id"],
+        at=_time(dialect, row["at"], f"time of event {row['id']}"),
+        event=row["event"],
+        detail=row["detail"],
+    )
 
 
 # -- schedules -------------------------------------------------------------------------
@@ -650,8 +933,9 @@ def prune(retention: Retention, limit: int) -> Script[int]:
             roots.extend(r["id"] for r in rows)
     if not roots:
         return 0
-    yield "prune_attempts", {"roots": roots}
-    yield "prune_dependencies", {"roots": roots}
+    for name in ("prune_attempts", "prune_dependencies", "prune_counts", "prune_callbacks"):
+        yield name, {"roots": roots}
+    yield "prune_events", {"roots": roots}
     return len((yield "prune_trees", {"roots": roots}))
 
 

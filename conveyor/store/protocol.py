@@ -222,7 +222,7 @@ class Store(Protocol):
         """
 
     async def get(self, job_id: str) -> Job | None:
-        """Return one job, or None."""
+        """Return one job, or None, with ``below``: the counts of the jobs below it."""
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         """Return a job's attempts, oldest first."""
@@ -275,13 +275,31 @@ class Store(Protocol):
     async def retry(self, job_id: str, new: NewJob) -> Job | None:
         """Submit ``new`` as the retry of a failed or cancelled job (else InvalidState).
 
-        The old row is not changed. Returns None when ``job_id`` does not exist.
+        The new job takes the old one's place below its parents (the old row only records
+        ``retried_by``; a job is retried once), and the ancestors that failed go back to
+        ``waiting``. Returns None when ``job_id`` does not exist.
         """
 
-    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+    async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
+        """Write ``error`` on a failed or cancelled job whose retry was refused."""
+
+    async def failed_below(self, job_id: str, *, limit: int) -> list[str]:
+        """The failed jobs below ``job_id`` that no retry replaced yet and below which
+        nothing failed: the ones a "retry failed children" retries."""
+
+    async def job_events(self, job_id: str) -> list[JobEvent]:
+        """A job's events besides its attempts, oldest first."""
+
+    async def spawn(
+        self,
+        lease: Lease,
+        jobs: Sequence[NewJob],
+        callbacks: Mapping[str, NewJob] | None = None,
+    ) -> list[Submitted] | None:
         """Insert children of the leased job (parent and root set here), fenced by the lease.
 
-        Returns None, inserting nothing, when the lease was lost.
+        ``callbacks`` by kind (``complete``, ``success``) are submitted when everything
+        below the job has ended. Returns None, inserting nothing, when the lease was lost.
         """
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
@@ -401,9 +419,16 @@ class Store(Protocol):
     async def running_by_worker(self) -> dict[str, int]:
         """Count running jobs per worker id, on the index of running jobs' leases."""
 
-    async def count_below(self, job_id: str, *, whole_tree: bool) -> dict[str, int]:
-        """Count by status the jobs below ``job_id``: its children, or with ``whole_tree``
-        every job whose root it is (on the parent and root indexes)."""
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """Something that happened to a job besides its attempts (``reopened``: a manual
+    retry of a job below it moved it back to waiting)."""
+
+    job_id: str
+    at: datetime
+    event: str
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

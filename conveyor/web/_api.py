@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from conveyor._handles import Submission
 from conveyor._registry import json_text_problem
+from conveyor._resource import job_resource
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
@@ -262,6 +263,34 @@ async def cancel_job(request: Request, job_id: JobId, view: Writer) -> Response:
 async def retry_job(request: Request, job_id: JobId, view: Writer) -> Response:
     new = await view.retry(job_id)
     return answer.accepted(new, prefix=answer.jobs_prefix(request))
+
+
+@router.post(
+    "/jobs/{job_id}/retry-failed-children",
+    status_code=202,
+    response_model=s.RetriedOut,
+    summary="Retry every failed job below a job; its failed ancestors wait again",
+    tags=["jobs"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.WRITE),
+)
+async def retry_failed_children(request: Request, job_id: JobId, view: Writer) -> Response:
+    new = await view.retry_failed_children(job_id)
+    prefix = answer.jobs_prefix(request)
+    return JSONResponse({"retried": [job_resource(j, prefix) for j in new]}, status_code=202)
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    response_model=s.EventListOut,
+    summary="A job's events besides its attempts (reopened), oldest first",
+    tags=["jobs"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.READ),
+)
+async def job_events(job_id: JobId, view: Reader) -> Response:
+    events = await view.events(job_id)
+    return JSONResponse({"events": [answer.event(e) for e in events]})
 
 
 # -- operations -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from conveyor.client import Health
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
 from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
+from conveyor.store.protocol import JobEvent
 
 
 def accepted(
@@ -110,6 +111,10 @@ def attempt(a: Attempt) -> dict[str, Any]:
         "error": a.error,
         "traceback": a.traceback,
     }
+
+
+def event(e: JobEvent) -> dict[str, Any]:
+    return {"job_id": e.job_id, "at": iso(e.at), "event": e.event, "detail": e.detail}
 
 
 def worker(w: WorkerInfo) -> dict[str, Any]:

@@ -89,7 +89,26 @@ class JobLinks(BaseModel):
     parent: str | None
     root: str | None
     cancel: str | None = Field(description="Set while the job is not terminal.")
-    retry: str | None = Field(description="Set when the job failed or was cancelled.")
+    retry: str | None = Field(
+        description="Set when the job failed or was cancelled (and no retry replaced it yet)."
+    )
+    events: str
+    retry_failed_children: str
+
+
+class BelowOut(BaseModel):
+    """The jobs below a parent (every level) by status, kept as they change; ``done`` of
+    ``total`` have finished. A job a manual retry replaced is not counted; its retry is."""
+
+    pending: int
+    queued: int
+    running: int
+    waiting: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    done: int
+    total: int
 
 
 class JobOut(BaseModel):
@@ -114,7 +133,13 @@ class JobOut(BaseModel):
     root_id: str | None
     depends_on: list[str]
     unique_key: str | None
-    retry_of: str | None
+    retry_of: str | None = Field(description="A manual retry: the first job of its chain.")
+    retry_count: int = Field(description="Manual retries before this job in its chain.")
+    retried_by: str | None = Field(description="The manual retry that replaced this job.")
+    submitted_by: str = Field(description='Who submitted it: "token:<id>", "local" (code)...')
+    below: BelowOut | None = Field(
+        description="Read as one job: the jobs below it by status (null if none, and in lists)."
+    )
     timeout: float | None
     run_at: datetime
     created_at: datetime
@@ -143,6 +168,23 @@ class AttemptOut(BaseModel):
 
 class AttemptListOut(BaseModel):
     attempts: list[AttemptOut]
+
+
+class EventOut(BaseModel):
+    job_id: str
+    at: datetime
+    event: str = Field(description="reopened: a manual retry below it made it wait again.")
+    detail: str | None
+
+
+class EventListOut(BaseModel):
+    events: list[EventOut]
+
+
+class RetriedOut(BaseModel):
+    """The jobs a "retry failed children" created."""
+
+    retried: list[JobOut]
 
 
 class WorkerOut(BaseModel):

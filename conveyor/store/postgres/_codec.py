@@ -76,7 +76,7 @@ def _job_of(
     retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
     lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
     cancel_requested: bool,
-    trace_context: str | None,
+    trace_context: str | None, retry_count: int, retried_by: str | None, submitted_by: str,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -114,6 +114,9 @@ def _job_of(
         lease_token=lease_token,
         cancel_requested=cancel_requested,
         trace_context=trace_context,
+        retry_count=retry_count,
+        retried_by=retried_by,
+        submitted_by=submitted_by,
     )
 
 
@@ -169,6 +172,8 @@ def _submit_params(
                     "concurrency_key": j.concurrency_key,
                     "retry_of": j.retry_of,
                     "trace_context": j.trace_context,
+                    "retry_count": j.retry_count,
+                    "submitted_by": j.submitted_by,
                 }
                 for j in jobs
             ],

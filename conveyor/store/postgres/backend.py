@@ -37,12 +37,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
+from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
+from conveyor.store._rows import STATUS
 from conveyor.store.postgres._codec import (
     DIALECT,
     fetch_jobs,
@@ -499,8 +501,7 @@ class PostgresStore(SharedReads):
         return (row["database"], row["started"])
 
     async def get(self, job_id: str) -> Job | None:
-        rows = await self._fetch("get", {"id": job_id})
-        return job_of_row(rows[0]) if rows else None
+        return await self._read(lambda: scripts.get_with_counts(DIALECT, job_id))
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         return [job_of_row(row) for row in await self._fetch("get_many", {"ids": list(job_ids)})]
@@ -515,8 +516,17 @@ class PostgresStore(SharedReads):
     async def retry(self, job_id: str, new: NewJob) -> Job | None:
         return await self._script(lambda: scripts.retry(DIALECT, job_id, new))
 
-    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
-        return await self._script(lambda: scripts.spawn(DIALECT, lease, jobs))
+    async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
+        rows = await self._fetch("note_retry_limit", {"id": job_id, "error": error})
+        return job_of_row(rows[0]) if rows else None
+
+    async def spawn(
+        self,
+        lease: Lease,
+        jobs: Sequence[NewJob],
+        callbacks: Mapping[str, NewJob] | None = None,
+    ) -> list[Submitted] | None:
+        return await self._script(lambda: scripts.spawn(DIALECT, lease, jobs, callbacks))
 
     # -- the worker's hot path ----------------------------------------------------------
 
@@ -599,7 +609,8 @@ class PostgresStore(SharedReads):
         (settle and the look-up of dependents pipelined) plus BEGIN and COMMIT.
         """
         now = self._now()
-        ended = [s.job_id for s in settlements if s.status.terminal]
+        # Queued ones too: a job whose cancel was asked for ends cancelled instead.
+        ended = [s.job_id for s in settlements if s.status.terminal or s.status is Status.QUEUED]
         with conn.pipeline():
             settled = conn.execute(_Q["settle"], settle_params(settlements, now, False))
             awaited = conn.execute(_Q["awaited"], {"ids": ended}) if ended else None
@@ -607,27 +618,35 @@ class PostgresStore(SharedReads):
             upstream = {r["id"] for r in awaited.fetchall()} if awaited else set()
         by_id = {row["id"]: row for row in rows}
         deferred = [s for s in settlements if s.job_id in by_id and by_id[s.job_id]["deferred"]]
-        finished = [
-            (s.job_id, by_id[s.job_id]["parent_id"], s.status)
-            for s in settlements
-            if s.job_id in by_id and not by_id[s.job_id]["deferred"] and s.status.terminal
-        ]
+        parents: frozenset[str] = frozenset()
         if deferred:
             decided = self._drive(conn, scripts.decide_from_children(deferred))
             params = settle_params(decided, now, True)
             for row in conn.execute(_Q["settle"], params).fetchall():
                 by_id[row["id"]] = row
-            finished.extend(
-                (d.job_id, by_id[d.job_id]["parent_id"], d.status)
-                for d in decided
-                if not by_id[d.job_id]["deferred"] and d.status.terminal
-            )
             upstream.update(d.job_id for d in decided)
-        cascade = scripts.cascade(
-            [f for f in finished if f[1] is not None or f[0] in upstream],
-            without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
-        )
-        self._drive(conn, cascade)
+            parents = frozenset(d.job_id for d in decided)
+        ends = [row for row in by_id.values() if not row["deferred"]]
+        finished = [
+            (row["id"], row["parent_id"], STATUS[row["status"]])
+            for row in ends
+            if STATUS[row["status"]].terminal
+        ]
+        changes: list[scripts.Change] = [
+            (row["parent_id"], Status.RUNNING, STATUS[row["status"]])
+            for row in ends
+            if row["parent_id"] is not None
+        ]
+        carried = [f for f in finished if f[1] is not None or f[0] in upstream]
+        if carried or changes:
+            cascade = scripts.cascade(
+                DIALECT,
+                carried,
+                moves=scripts.moves_of(changes),
+                without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
+                parents=parents,
+            )
+            self._drive(conn, cascade)
         return [s.job_id for s in settlements if s.job_id not in by_id]
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
@@ -647,7 +666,7 @@ class PostgresStore(SharedReads):
         return await self._transaction(rescue)
 
     async def finish_parents(self, *, limit: int) -> list[str]:
-        return await self._script(lambda: scripts.finish_parents(limit))
+        return await self._script(lambda: scripts.finish_parents(DIALECT, limit))
 
     async def prune(self, retention: Retention, *, limit: int) -> int:
         return await self._script(lambda: scripts.prune(retention, limit))

@@ -7,8 +7,9 @@
 -- UPDATE), so a worker's settle and its heartbeat, which run on two connections at
 -- once, cannot deadlock. They lock by `id = ANY(...)` alone, in a MATERIALIZED CTE, and
 -- check status and lease token on the locked rows: the only indexable condition is then
--- the primary key, which no table statistics can steer the planner away from. Deciding a parent from its children takes an advisory lock on
--- the parent (lock_children), not its row, so that the children's settles and the
+-- the primary key, which no table statistics can steer the planner away from. Deciding a
+-- parent from the jobs below it locks its row of conveyor_job_counts (every change below
+-- it updates that row first), not its job row, so that the children's settles and the
 -- parent's own settle see each other's commits without blocking heartbeats.
 --
 -- Wake-ups are not sent from here: triggers (migrations/0001_initial.sql) notify
@@ -24,7 +25,8 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, created_at
+    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
+    created_at
 )
 SELECT
     n.id, n.type, n.queue, n.tenant, n.payload::json, %(status)s::text, n.priority,
@@ -34,20 +36,22 @@ SELECT
     n.root_id,
     CASE WHEN n.depends_on IS NOT NULL
          THEN ARRAY(SELECT json_array_elements_text(n.depends_on)) END,
-    n.unique_key, n.concurrency_key, n.retry_of, n.trace_context,
-    coalesce(%(now)s::timestamptz, now())
+    n.unique_key, n.concurrency_key, n.retry_of, n.trace_context, n.retry_count,
+    n.submitted_by, coalesce(%(now)s::timestamptz, now())
 FROM ROWS FROM (
     json_to_recordset(%(jobs)s::json) AS (
         id text, type text, queue text, tenant text, payload text, priority integer,
         max_attempts integer, run_at timestamptz, delay float8, timeout float8,
         lease_seconds float8, backoff_base float8, backoff_cap float8, state text,
         parent_id text, root_id text, depends_on json, unique_key text,
-        concurrency_key text, retry_of text, trace_context text
+        concurrency_key text, retry_of text, trace_context text, retry_count integer,
+        submitted_by text
     )
 ) WITH ORDINALITY AS n (
     id, type, queue, tenant, payload, priority, max_attempts, run_at, delay, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, position
+    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
+    position
 )
 ORDER BY n.position
 ON CONFLICT DO NOTHING
@@ -178,13 +182,13 @@ WITH ended AS (
     )
 ),
 locked AS MATERIALIZED (
-    SELECT j.id, j.lease_token, j.status FROM conveyor_jobs j
+    SELECT j.id, j.lease_token, j.status, j.cancel_requested FROM conveyor_jobs j
     WHERE j.id = ANY(%(ids)s::text[])
     ORDER BY j.id
     FOR UPDATE OF j
 ),
 held AS (
-    SELECT j.id,
+    SELECT j.id, j.cancel_requested,
            (NOT %(decided)s AND e.status = 'succeeded'
             AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id)) AS deferred
     FROM locked j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
@@ -192,17 +196,23 @@ held AS (
 ),
 settled AS (
     UPDATE conveyor_jobs j
-    SET status = e.status,
+    -- A job whose cancel was asked for is never queued again (a retry, a hand-back or the
+    -- rescue of a dead worker's run): it ends cancelled, with the reason the request stored.
+    SET status = CASE WHEN e.status = 'queued' AND h.cancel_requested THEN 'cancelled'
+                      ELSE e.status END,
         result = e.result::json,
         result_ref = coalesce(e.result_ref, j.result_ref),
         -- A cancelled job keeps the reason its cancel request stored.
-        error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
+        error = CASE WHEN e.status = 'queued' AND h.cancel_requested THEN coalesce(j.error, e.error)
+                     WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
+                     ELSE e.error END,
         run_at = CASE
             WHEN e.status = 'queued' THEN coalesce(%(now)s::timestamptz, now())
                                           + make_interval(secs => e.retry_delay)
             ELSE j.run_at END,
         finished_at = CASE
             WHEN e.status IN ('succeeded', 'failed', 'cancelled')
+                 OR (e.status = 'queued' AND h.cancel_requested)
             THEN coalesce(%(now)s::timestamptz, now()) END,
         attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
         progress_done = CASE
@@ -215,8 +225,8 @@ settled AS (
         lease_expires_at = NULL
     FROM ended e JOIN held h USING (id)
     WHERE j.id = h.id AND NOT h.deferred
-    RETURNING j.id, j.parent_id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error,
-              e.traceback
+    RETURNING j.id, j.parent_id, j.status, j.attempt, j.lease_owner, j.started_at, e.outcome,
+              e.error, e.traceback
 ),
 recorded AS (
     INSERT INTO conveyor_attempts (
@@ -231,9 +241,9 @@ recorded AS (
         finished_at = excluded.finished_at, outcome = excluded.outcome,
         error = excluded.error, traceback = excluded.traceback
 )
-SELECT id, parent_id, false AS deferred FROM settled
+SELECT id, parent_id, status, false AS deferred FROM settled
 UNION ALL
-SELECT id, NULL, true FROM held WHERE deferred;
+SELECT id, NULL, NULL, true FROM held WHERE deferred;
 
 -- name: awaited
 -- Which of the given jobs pending jobs depend on (run after settle, in its transaction).
@@ -249,7 +259,8 @@ WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
 -- name: rescue
 -- Lock running jobs whose lease has expired, oldest expiry first; rows another rescuer
 -- holds are skipped, so every worker may run this at once.
-SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner
+SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner,
+       cancel_requested
 FROM conveyor_jobs
 WHERE status = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
 ORDER BY lease_expires_at
@@ -378,16 +389,129 @@ SELECT %(job_id)s, upstream FROM unnest(%(ids)s::text[]) AS upstream
 ON CONFLICT DO NOTHING
 RETURNING depends_on_id;
 
--- name: lock_children
--- Serialise decisions about these parents' children until the transaction ends.
-SELECT pg_advisory_xact_lock(hashtext('conveyor_children'), hashtext(parent.id))
-FROM (SELECT DISTINCT id FROM unnest(%(ids)s::text[]) AS id ORDER BY id) AS parent;
+-- name: lock_counts
+-- The counts of the jobs below these parents, locked until the transaction ends: every
+-- change below a parent updates its row first, so what is read here is final.
+SELECT * FROM conveyor_job_counts WHERE job_id = ANY(%(ids)s::text[]) ORDER BY job_id FOR UPDATE;
 
--- name: children_counts
--- How many children of each of these jobs are in each status.
-SELECT parent_id, status, count(*) AS n FROM conveyor_jobs
-WHERE parent_id = ANY(%(ids)s::text[])
-GROUP BY parent_id, status;
+-- name: count_moves
+-- Carry jobs' moves between statuses to the counts of every parent above them, in one
+-- statement. %(moves)s is a JSON array of {parent, src, dst, n}: n jobs whose parent is
+-- `parent` left counter `src` (NULL: they are new) for `dst` (NULL: a retry took their
+-- place). The walk up stops above a job a retry took the place of. Rows are written in
+-- id order, so that two settles of one tree cannot deadlock on them.
+WITH RECURSIVE
+moved AS (
+    SELECT * FROM json_to_recordset(%(moves)s::json) AS m (parent text, src text, dst text, n integer)
+),
+up (ancestor, src, dst, n) AS (
+    SELECT parent, src, dst, n FROM moved
+    UNION ALL
+    SELECT j.parent_id, up.src, up.dst, up.n FROM up JOIN conveyor_jobs j ON j.id = up.ancestor
+    WHERE j.parent_id IS NOT NULL AND j.retried_by IS NULL
+),
+delta AS (
+    SELECT ancestor,
+           sum(CASE WHEN dst = 'pending' THEN n ELSE 0 END
+               - CASE WHEN src = 'pending' THEN n ELSE 0 END) AS pending,
+           sum(CASE WHEN dst = 'active' THEN n ELSE 0 END
+               - CASE WHEN src = 'active' THEN n ELSE 0 END) AS active,
+           sum(CASE WHEN dst = 'waiting' THEN n ELSE 0 END
+               - CASE WHEN src = 'waiting' THEN n ELSE 0 END) AS waiting,
+           sum(CASE WHEN dst = 'succeeded' THEN n ELSE 0 END
+               - CASE WHEN src = 'succeeded' THEN n ELSE 0 END) AS succeeded,
+           sum(CASE WHEN dst = 'failed' THEN n ELSE 0 END
+               - CASE WHEN src = 'failed' THEN n ELSE 0 END) AS failed,
+           sum(CASE WHEN dst = 'cancelled' THEN n ELSE 0 END
+               - CASE WHEN src = 'cancelled' THEN n ELSE 0 END) AS cancelled
+    FROM up
+    GROUP BY ancestor
+)
+INSERT INTO conveyor_job_counts AS c (job_id, pending, active, waiting, succeeded, failed, cancelled)
+SELECT ancestor, pending, active, waiting, succeeded, failed, cancelled FROM delta
+ORDER BY ancestor
+ON CONFLICT (job_id) DO UPDATE SET
+    pending = c.pending + excluded.pending, active = c.active + excluded.active,
+    waiting = c.waiting + excluded.waiting, succeeded = c.succeeded + excluded.succeeded,
+    failed = c.failed + excluded.failed, cancelled = c.cancelled + excluded.cancelled;
+
+-- name: lock_job
+-- One job, locked to change it.
+SELECT * FROM conveyor_jobs WHERE id = %(id)s FOR UPDATE;
+
+-- name: mark_retried
+-- Record the manual retry that takes a failed or cancelled job's place (once only).
+UPDATE conveyor_jobs SET retried_by = %(by)s
+WHERE id = %(id)s AND status IN ('failed', 'cancelled') AND retried_by IS NULL
+RETURNING id;
+
+-- name: reopen
+-- Move a parent that failed back to waiting: a job below it was retried by hand.
+UPDATE conveyor_jobs SET status = 'waiting', error = NULL, finished_at = NULL
+WHERE id = %(id)s AND status = 'failed'
+RETURNING id, parent_id;
+
+-- name: record_event
+-- Add an event to a job's history.
+INSERT INTO conveyor_job_events (job_id, at, event, detail)
+VALUES (%(job_id)s, coalesce(%(now)s::timestamptz, now()), %(event)s, %(detail)s);
+
+-- name: job_events
+-- A job's events, oldest first.
+SELECT * FROM conveyor_job_events WHERE job_id = %(id)s ORDER BY id;
+
+-- name: note_retry_limit
+-- Say on a failed or cancelled job that it may not be retried again.
+UPDATE conveyor_jobs SET error = %(error)s
+WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+RETURNING *;
+
+-- name: upsert_callback
+-- Keep (or replace) a parent's callback of one kind.
+INSERT INTO conveyor_callbacks (job_id, kind, job) VALUES (%(job_id)s, %(kind)s, %(job)s::json)
+ON CONFLICT (job_id, kind) DO UPDATE SET job = excluded.job;
+
+-- name: fire_callbacks
+-- Count one more firing of a parent's callbacks of the given kinds; return them.
+UPDATE conveyor_callbacks SET fired = fired + 1
+WHERE job_id = %(job_id)s AND kind = ANY(%(kinds)s::text[])
+RETURNING kind, job::text AS job, fired;
+
+-- name: failed_below
+-- Failed jobs below a job, not retried yet, with no failed or cancelled job below them
+-- (the failures a retry fixes, not the parents that failed because of them).
+WITH RECURSIVE below (id) AS (
+    SELECT id FROM conveyor_jobs WHERE parent_id = %(id)s
+    UNION ALL
+    SELECT j.id FROM conveyor_jobs j JOIN below b ON j.parent_id = b.id
+)
+SELECT j.id FROM conveyor_jobs j JOIN below b ON j.id = b.id
+LEFT JOIN conveyor_job_counts c ON c.job_id = j.id
+WHERE j.status = 'failed' AND j.retried_by IS NULL
+  AND coalesce(c.failed + c.cancelled, 0) = 0
+ORDER BY j.id
+LIMIT %(limit)s;
+
+-- name: get_with_counts
+-- One job by id, with the counts of the jobs below it when it has any. The running ones
+-- are counted here, among the few running jobs of its tree (conveyor_jobs_running_root),
+-- walking up to it; the rest come from conveyor_job_counts. One statement, one snapshot:
+-- the figures add up to the total.
+WITH RECURSIVE up (id, ancestor) AS (
+    SELECT r.id, r.parent_id FROM conveyor_jobs r
+    WHERE r.status = 'running'
+      AND r.root_id = coalesce((SELECT root_id FROM conveyor_jobs WHERE id = %(id)s), %(id)s)
+    UNION ALL
+    SELECT up.id, p.parent_id FROM up JOIN conveyor_jobs p ON p.id = up.ancestor
+    WHERE up.ancestor <> %(id)s AND p.parent_id IS NOT NULL AND p.retried_by IS NULL
+)
+SELECT j.*, c.pending AS below_pending, c.active AS below_active,
+       c.waiting AS below_waiting, c.succeeded AS below_succeeded,
+       c.failed AS below_failed, c.cancelled AS below_cancelled,
+       CASE WHEN c.job_id IS NOT NULL
+            THEN (SELECT count(DISTINCT id) FROM up WHERE ancestor = %(id)s) END AS below_running
+FROM conveyor_jobs j LEFT JOIN conveyor_job_counts c ON c.job_id = j.id
+WHERE j.id = %(id)s;
 
 -- name: finish_waiting
 -- End a waiting parent once its last child has ended.
@@ -410,7 +534,8 @@ WHERE d.job_id = %(id)s AND j.status <> 'succeeded';
 
 -- name: release_pending
 -- Queue a pending job whose dependencies all succeeded.
-UPDATE conveyor_jobs SET status = 'queued' WHERE id = %(id)s AND status = 'pending';
+UPDATE conveyor_jobs SET status = 'queued' WHERE id = %(id)s AND status = 'pending'
+RETURNING id, parent_id;
 
 -- name: cancel_pending
 -- Cancel a pending job whose dependency failed or was cancelled.
@@ -684,6 +809,30 @@ DELETE FROM conveyor_dependencies WHERE job_id IN (
       AND status IN ('succeeded', 'failed', 'cancelled')
 );
 
+-- name: prune_counts
+-- Delete the counts of the given trees' finished jobs.
+DELETE FROM conveyor_job_counts WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+);
+
+-- name: prune_callbacks
+-- Delete the callbacks of the given trees' finished jobs.
+DELETE FROM conveyor_callbacks WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+);
+
+-- name: prune_events
+-- Delete the events of the given trees' finished jobs.
+DELETE FROM conveyor_job_events WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE (id = ANY(%(roots)s::text[]) OR root_id = ANY(%(roots)s::text[]))
+      AND status IN ('succeeded', 'failed', 'cancelled')
+);
+
 -- name: prune_trees
 -- Delete the given trees' finished jobs.
 DELETE FROM conveyor_jobs
@@ -853,14 +1002,6 @@ ORDER BY 1;
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;
-
--- name: count_children
--- A job's children by status (on conveyor_jobs_parent).
-SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = %(job_id)s GROUP BY status;
-
--- name: count_tree
--- Every job below a root, by status (on conveyor_jobs_root).
-SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = %(job_id)s GROUP BY status;
 
 -- name: running_by_worker
 -- Running jobs per worker (on conveyor_jobs_leases, partial on held leases).

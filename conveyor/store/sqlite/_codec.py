@@ -90,7 +90,7 @@ def _job_of(
     retry_of: str | None, started_at: float | None, finished_at: float | None,
     lease_owner: str | None, lease_expires_at: float | None, lease_token: int,
     cancel_requested: int,
-    trace_context: str | None,
+    trace_context: str | None, retry_count: int, retried_by: str | None, submitted_by: str,
 ) -> Job:  # fmt: skip
     return Job(
         id=id,
@@ -130,6 +130,9 @@ def _job_of(
         lease_token=lease_token,
         cancel_requested=bool(cancel_requested),
         trace_context=trace_context,
+        retry_count=retry_count,
+        retried_by=retried_by,
+        submitted_by=submitted_by,
     )
 
 
@@ -158,6 +161,8 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
         "concurrency_key": job.concurrency_key,
         "retry_of": job.retry_of,
         "trace_context": job.trace_context,
+        "retry_count": job.retry_count,
+        "submitted_by": job.submitted_by,
         "now": now,
     }
 

@@ -26,6 +26,7 @@ from conveyor.errors import ConfigurationError, NotAConveyorDatabase
 from conveyor.store import _scripts as scripts
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._reads import SharedReads
+from conveyor.store._rows import STATUS
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
@@ -254,8 +255,7 @@ class SQLiteStore(SharedReads):
         return await self._write(submit)
 
     async def get(self, job_id: str) -> Job | None:
-        rows = await self._fetch("get", {"id": job_id})
-        return job_of_row(rows[0]) if rows else None
+        return await self._read(scripts.get_with_counts(DIALECT, job_id))
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         params = {"ids": json.dumps(list(job_ids))}
@@ -271,8 +271,22 @@ class SQLiteStore(SharedReads):
     async def retry(self, job_id: str, new: NewJob) -> Job | None:
         return await self._script(scripts.retry(DIALECT, job_id, new))
 
-    async def spawn(self, lease: Lease, jobs: Sequence[NewJob]) -> list[Submitted] | None:
-        return await self._script(scripts.spawn(DIALECT, lease, jobs))
+    async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
+        params = {"id": job_id, "error": error}
+
+        def note(conn: sqlite3.Connection) -> Job | None:
+            row = _one(conn.execute(_Q["note_retry_limit"], params))
+            return None if row is None else job_of_row(row)
+
+        return await self._write(note)
+
+    async def spawn(
+        self,
+        lease: Lease,
+        jobs: Sequence[NewJob],
+        callbacks: Mapping[str, NewJob] | None = None,
+    ) -> list[Submitted] | None:
+        return await self._script(scripts.spawn(DIALECT, lease, jobs, callbacks))
 
     # -- the worker's hot path ----------------------------------------------------------
 
@@ -359,9 +373,11 @@ class SQLiteStore(SharedReads):
         """End the attempts of a batch in one UPDATE, then record them and carry the ends on.
 
         Per-job statements are left only for what needs them: a job reported succeeded
-        that has children, and a job that ended with a parent or with dependents.
+        that has children, and a job that ended with a parent or with dependents. The
+        moves of jobs with a parent are counted in one more statement; a batch without
+        any pays none.
         """
-        decided = self._decide(conn, settlements, now)
+        decided, parents = self._decide(conn, settlements, now)
         rows = [
             (
                 d.job_id,
@@ -382,41 +398,52 @@ class SQLiteStore(SharedReads):
         reported = {s.job_id: s for s in settlements}
         attempts = []
         finished: list[scripts.Ended] = []
-        for job_id, attempt, lease_owner, started_at, parent_id in settled:
-            s, status = reported[job_id], decided.pop(job_id).status
+        changes: list[scripts.Change] = []
+        for job_id, attempt, lease_owner, started_at, parent_id, stored in settled:
+            s, status = reported[job_id], STATUS[stored]
+            del decided[job_id]
             if s.outcome is not None:
                 attempts.append(
                     (job_id, attempt, lease_owner, started_at, now, s.outcome.value, s.error,
                      s.traceback)
                 )  # fmt: skip
+            if parent_id is not None:
+                changes.append((parent_id, Status.RUNNING, status))
             if status.terminal:
                 finished.append((job_id, parent_id, status))
         if attempts:
             conn.executemany(_Q["insert_attempt"], attempts)
+        upstream: set[str] = set()
         if finished:
             ended = json.dumps([job_id for job_id, _, _ in finished])
             upstream = {r["id"] for r in conn.execute(_Q["awaited"], {"ids": ended})}
+        carried = [f for f in finished if f[1] is not None or f[0] in upstream or f[0] in parents]
+        if carried or changes:
             cascade = scripts.cascade(
-                [f for f in finished if f[1] is not None or f[0] in upstream],
+                DIALECT,
+                carried,
+                moves=scripts.moves_of(changes),
                 without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
+                parents=parents,
             )
             self._drive(conn, cascade, now)
         return list(decided)  # the ones the UPDATE did not take: refused
 
     def _decide(
         self, conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
-    ) -> dict[str, Settlement]:
-        """Decide from their children what jobs with children that returned become."""
+    ) -> tuple[dict[str, Settlement], frozenset[str]]:
+        """Decide from the jobs below them what jobs with children that returned become;
+        return the decisions and the ids of those jobs."""
         decided = {s.job_id: s for s in settlements}
         if not any(s.status is Status.SUCCEEDED for s in settlements):
-            return decided
+            return decided, frozenset()
         ids = json.dumps([s.job_id for s in settlements])
         parents = {r[0] for r in conn.execute(_Q["parents_among"], {"ids": ids})}
         returned = [s for s in settlements if s.status is Status.SUCCEEDED and s.job_id in parents]
         if returned:
             for d in self._drive(conn, scripts.decide_from_children(returned), now):
                 decided[d.job_id] = d
-        return decided
+        return decided, frozenset(s.job_id for s in returned)
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
         params = {"id": lease.job_id, "token": lease.token, "state": scripts.dumps(state)}
@@ -438,7 +465,7 @@ class SQLiteStore(SharedReads):
         return await self._write(rescue)
 
     async def finish_parents(self, *, limit: int) -> list[str]:
-        return await self._script(scripts.finish_parents(limit))
+        return await self._script(scripts.finish_parents(DIALECT, limit))
 
     async def prune(self, retention: Retention, *, limit: int) -> int:
         return await self._script(scripts.prune(retention, limit))

@@ -6,11 +6,13 @@
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, created_at
+    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
+    created_at
 ) VALUES (
     :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
     :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
-    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :now
+    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :retry_count,
+    :submitted_by, :now
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -21,7 +23,8 @@ RETURNING *;
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, created_at
+    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
+    created_at
 )
 SELECT
     json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
@@ -33,7 +36,8 @@ SELECT
     json_extract(value, '$.state'), json_extract(value, '$.parent_id'),
     json_extract(value, '$.root_id'), json_extract(value, '$.depends_on'),
     json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
-    json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'), :now
+    json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'),
+    json_extract(value, '$.retry_count'), json_extract(value, '$.submitted_by'), :now
 FROM json_each(:jobs)
 WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
 ORDER BY key
@@ -104,14 +108,20 @@ UPDATE conveyor_workers SET heartbeat_at = :now WHERE id = :worker_id;
 -- be running under the token. :batch is a JSON array of [id, token, status, result,
 -- result_ref, error, retry_delay, refund, progress_done, progress_total,
 -- progress_message]; the rows returned are the attempts ended, the others were refused.
+-- A job whose cancel was asked for is never queued again (a retry, a hand-back or the
+-- rescue of a dead worker's run): it ends cancelled, with the reason the request stored.
 UPDATE conveyor_jobs AS j
-SET status = e.status,
+SET status = CASE WHEN e.status = 'queued' AND j.cancel_requested THEN 'cancelled'
+                  ELSE e.status END,
     result = e.result,
     result_ref = coalesce(e.result_ref, j.result_ref),
     -- A cancelled job keeps the reason its cancel request stored.
-    error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
+    error = CASE WHEN e.status = 'queued' AND j.cancel_requested THEN coalesce(j.error, e.error)
+                 WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
+                 ELSE e.error END,
     run_at = CASE WHEN e.status = 'queued' THEN :now + e.retry_delay ELSE j.run_at END,
-    finished_at = CASE WHEN e.status IN ('succeeded', 'failed', 'cancelled') THEN :now END,
+    finished_at = CASE WHEN e.status IN ('succeeded', 'failed', 'cancelled')
+                         OR (e.status = 'queued' AND j.cancel_requested) THEN :now END,
     attempt = j.attempt - e.refund,
     progress_done = CASE WHEN e.progress_done IS NULL THEN j.progress_done
                          WHEN j.progress_total IS e.progress_total
@@ -134,7 +144,7 @@ FROM (
     FROM json_each(:batch)
 ) AS e
 WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
-RETURNING id, attempt, lease_owner, started_at, parent_id;
+RETURNING id, attempt, lease_owner, started_at, parent_id, status;
 
 -- name: parents_among
 -- Which of the given jobs have children.
@@ -160,7 +170,8 @@ WHERE id = :id AND lease_token = :token AND status = 'running';
 
 -- name: rescue
 -- Running jobs whose lease has expired, oldest expiry first.
-SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner
+SELECT id, lease_token, attempt, max_attempts, backoff_base, backoff_cap, lease_owner,
+       cancel_requested
 FROM conveyor_jobs
 WHERE status = 'running' AND lease_expires_at < :now
 ORDER BY lease_expires_at
@@ -222,16 +233,145 @@ SELECT * FROM conveyor_jobs WHERE id IN (SELECT value FROM json_each(:ids));
 INSERT OR IGNORE INTO conveyor_dependencies (job_id, depends_on_id)
 SELECT :job_id, value FROM json_each(:ids);
 
--- name: children_counts
--- How many children of each of these jobs are in each status.
-SELECT parent_id, status, count(*) AS n FROM conveyor_jobs
-WHERE parent_id IN (SELECT value FROM json_each(:ids))
-GROUP BY parent_id, status;
+-- name: lock_counts
+-- The counts of the jobs below these parents (BEGIN IMMEDIATE holds the write lock).
+SELECT * FROM conveyor_job_counts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
--- name: lock_children
--- Serialise decisions about these parents' children. SQLite: no statement is needed,
--- BEGIN IMMEDIATE already holds the write lock; this selects nothing.
-SELECT NULL WHERE false;
+-- name: count_moves
+-- Carry jobs' moves between statuses to the counts of every parent above them, in one
+-- statement. :moves is a JSON array of {parent, src, dst, n}: n jobs whose parent is
+-- `parent` left counter `src` (NULL: they are new) for `dst` (NULL: a retry took their
+-- place). The walk up stops above a job a retry took the place of.
+WITH RECURSIVE
+moved (parent, src, dst, n) AS (
+    SELECT json_extract(value, '$.parent'), json_extract(value, '$.src'),
+           json_extract(value, '$.dst'), json_extract(value, '$.n')
+    FROM json_each(:moves)
+),
+up (ancestor, src, dst, n) AS (
+    SELECT parent, src, dst, n FROM moved
+    UNION ALL
+    SELECT j.parent_id, up.src, up.dst, up.n FROM up JOIN conveyor_jobs AS j ON j.id = up.ancestor
+    WHERE j.parent_id IS NOT NULL AND j.retried_by IS NULL
+)
+INSERT INTO conveyor_job_counts (job_id, pending, active, waiting, succeeded, failed, cancelled)
+SELECT ancestor,
+       sum(CASE WHEN dst = 'pending' THEN n ELSE 0 END - CASE WHEN src = 'pending' THEN n ELSE 0 END),
+       sum(CASE WHEN dst = 'active' THEN n ELSE 0 END - CASE WHEN src = 'active' THEN n ELSE 0 END),
+       sum(CASE WHEN dst = 'waiting' THEN n ELSE 0 END - CASE WHEN src = 'waiting' THEN n ELSE 0 END),
+       sum(CASE WHEN dst = 'succeeded' THEN n ELSE 0 END
+           - CASE WHEN src = 'succeeded' THEN n ELSE 0 END),
+       sum(CASE WHEN dst = 'failed' THEN n ELSE 0 END - CASE WHEN src = 'failed' THEN n ELSE 0 END),
+       sum(CASE WHEN dst = 'cancelled' THEN n ELSE 0 END
+           - CASE WHEN src = 'cancelled' THEN n ELSE 0 END)
+FROM up
+WHERE true
+GROUP BY ancestor
+ORDER BY ancestor
+ON CONFLICT (job_id) DO UPDATE SET
+    pending = pending + excluded.pending, active = active + excluded.active,
+    waiting = waiting + excluded.waiting, succeeded = succeeded + excluded.succeeded,
+    failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled;
+
+-- name: lock_job
+-- One job, to change it (BEGIN IMMEDIATE already holds the write lock).
+SELECT * FROM conveyor_jobs WHERE id = :id;
+
+-- name: mark_retried
+-- Record the manual retry that takes a failed or cancelled job's place (once only).
+UPDATE conveyor_jobs SET retried_by = :by
+WHERE id = :id AND status IN ('failed', 'cancelled') AND retried_by IS NULL
+RETURNING id;
+
+-- name: reopen
+-- Move a parent that failed back to waiting: a job below it was retried by hand.
+UPDATE conveyor_jobs SET status = 'waiting', error = NULL, finished_at = NULL
+WHERE id = :id AND status = 'failed'
+RETURNING id, parent_id;
+
+-- name: record_event
+-- Add an event to a job's history.
+INSERT INTO conveyor_job_events (job_id, at, event, detail) VALUES (:job_id, :now, :event, :detail);
+
+-- name: job_events
+-- A job's events, oldest first.
+SELECT * FROM conveyor_job_events WHERE job_id = :id ORDER BY id;
+
+-- name: note_retry_limit
+-- Say on a failed or cancelled job that it may not be retried again.
+UPDATE conveyor_jobs SET error = :error
+WHERE id = :id AND status IN ('failed', 'cancelled')
+RETURNING *;
+
+-- name: upsert_callback
+-- Keep (or replace) a parent's callback of one kind.
+INSERT INTO conveyor_callbacks (job_id, kind, job) VALUES (:job_id, :kind, :job)
+ON CONFLICT (job_id, kind) DO UPDATE SET job = excluded.job;
+
+-- name: fire_callbacks
+-- Count one more firing of a parent's callbacks of the given kinds; return them.
+UPDATE conveyor_callbacks SET fired = fired + 1
+WHERE job_id = :job_id AND kind IN (SELECT value FROM json_each(:kinds))
+RETURNING kind, job, fired;
+
+-- name: failed_below
+-- Failed jobs below a job, not retried yet, with no failed or cancelled job below them
+-- (the failures a retry fixes, not the parents that failed because of them).
+WITH RECURSIVE below (id) AS (
+    SELECT id FROM conveyor_jobs WHERE parent_id = :id
+    UNION ALL
+    SELECT j.id FROM conveyor_jobs AS j JOIN below AS b ON j.parent_id = b.id
+)
+SELECT j.id FROM conveyor_jobs AS j JOIN below AS b ON j.id = b.id
+LEFT JOIN conveyor_job_counts AS c ON c.job_id = j.id
+WHERE j.status = 'failed' AND j.retried_by IS NULL
+  AND coalesce(c.failed + c.cancelled, 0) = 0
+ORDER BY j.id
+LIMIT :limit;
+
+-- name: get_with_counts
+-- One job by id, with the counts of the jobs below it when it has any. The running ones
+-- are counted here, among the few running jobs of its tree, walking up to it; the rest
+-- come from conveyor_job_counts. One statement: the figures add up to the total.
+WITH RECURSIVE up (id, ancestor) AS (
+    SELECT r.id, r.parent_id FROM conveyor_jobs AS r INDEXED BY conveyor_jobs_running_root
+    WHERE r.status = 'running'
+      AND r.root_id = coalesce((SELECT root_id FROM conveyor_jobs WHERE id = :id), :id)
+    UNION ALL
+    SELECT up.id, p.parent_id FROM up JOIN conveyor_jobs AS p ON p.id = up.ancestor
+    WHERE up.ancestor <> :id AND p.parent_id IS NOT NULL AND p.retried_by IS NULL
+)
+SELECT j.*, c.pending AS below_pending, c.active AS below_active,
+       c.waiting AS below_waiting, c.succeeded AS below_succeeded,
+       c.failed AS below_failed, c.cancelled AS below_cancelled,
+       CASE WHEN c.job_id IS NOT NULL
+            THEN (SELECT count(DISTINCT id) FROM up WHERE ancestor = :id) END AS below_running
+FROM conveyor_jobs AS j LEFT JOIN conveyor_job_counts AS c ON c.job_id = j.id
+WHERE j.id = :id;
+
+-- name: prune_counts
+-- Delete the counts of the given trees' jobs.
+DELETE FROM conveyor_job_counts WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE id IN (SELECT value FROM json_each(:roots))
+       OR root_id IN (SELECT value FROM json_each(:roots))
+);
+
+-- name: prune_callbacks
+-- Delete the callbacks of the given trees' jobs.
+DELETE FROM conveyor_callbacks WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE id IN (SELECT value FROM json_each(:roots))
+       OR root_id IN (SELECT value FROM json_each(:roots))
+);
+
+-- name: prune_events
+-- Delete the events of the given trees' jobs.
+DELETE FROM conveyor_job_events WHERE job_id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE id IN (SELECT value FROM json_each(:roots))
+       OR root_id IN (SELECT value FROM json_each(:roots))
+);
 
 -- name: finish_waiting
 -- End a waiting parent once its last child has ended.
@@ -252,7 +392,8 @@ WHERE d.job_id = :id AND j.status <> 'succeeded';
 
 -- name: release_pending
 -- Queue a pending job whose dependencies all succeeded.
-UPDATE conveyor_jobs SET status = 'queued' WHERE id = :id AND status = 'pending';
+UPDATE conveyor_jobs SET status = 'queued' WHERE id = :id AND status = 'pending'
+RETURNING id, parent_id;
 
 -- name: cancel_pending
 -- Cancel a pending job whose dependency failed or was cancelled.
@@ -668,14 +809,6 @@ ORDER BY minute;
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;
-
--- name: count_children
--- A job's children by status (on conveyor_jobs_parent).
-SELECT status, count(*) AS n FROM conveyor_jobs WHERE parent_id = :job_id GROUP BY status;
-
--- name: count_tree
--- Every job below a root, by status (on conveyor_jobs_root).
-SELECT status, count(*) AS n FROM conveyor_jobs WHERE root_id = :job_id GROUP BY status;
 
 -- name: running_by_worker
 -- Running jobs per worker (on conveyor_jobs_leases, partial on running jobs).

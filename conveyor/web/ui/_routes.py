@@ -473,17 +473,18 @@ def _eta(job: Job, now: datetime) -> str | None:
 class _Tree:
     counts: dict[str, int]
     total: int
+    done: int
     rows: list[tuple[int, Job]]  # depth, job; in tree order
     shown_all: bool
 
 
 async def _tree(view: TenantView, job: Job, *, shown: int = 500) -> _Tree | None:
-    """The jobs below ``job`` with exact counts by status (None when it has none); the
-    first ``shown`` of them as a tree."""
-    counts = await view.count_below(job.id)
-    total = sum(counts.values())
-    if total == 0:
+    """The jobs below ``job`` with the counts the store keeps (None when it has none);
+    the first ``shown`` of them as a tree."""
+    if job.below is None or job.below.total == 0:
         return None
+    counts = {k: v for k, v in job.below.by_status().items() if v}
+    total, done = job.below.total, job.below.done
     root = job.root_id is None
     page = await view.page(
         root_id=job.id if root else None,
@@ -503,7 +504,7 @@ async def _tree(view: TenantView, job: Job, *, shown: int = 500) -> _Tree | None
             walk(child.id, depth + 1)
 
     walk(job.id, 0)
-    return _Tree(counts, total, rows, shown_all=len(rows) == total)
+    return _Tree(counts, total, done, rows, shown_all=len(rows) >= total)
 
 
 async def _retry_chain(view: TenantView, job: Job, *, most: int = 20) -> list[Job]:
