@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 from conveyor import _blocking
 from conveyor.core.durations import Duration
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, Job, Progress, as_utc
+from conveyor.core.model import JSON, Attempt, Job, Progress, TreeCounts, as_utc
 from conveyor.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -96,6 +96,35 @@ class JobView:
     def terminal(self) -> bool:
         return self.record.terminal
 
+    @property
+    def below(self) -> TreeCounts | None:
+        """The jobs below this one by status, with ``done`` and ``total`` (None: none, or
+        not read as one job); kept by the store as they change, read with the job."""
+        return self.record.below
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.record.parent_id
+
+    @property
+    def root_id(self) -> str | None:
+        return self.record.root_id
+
+    @property
+    def retry_of(self) -> str | None:
+        """A manual retry: the first job of its chain of retries."""
+        return self.record.retry_of
+
+    @property
+    def retry_count(self) -> int:
+        """Manual retries before this job in its chain."""
+        return self.record.retry_count
+
+    @property
+    def submitted_by(self) -> str:
+        """Who submitted it: ``"token:<id>"`` through the API, ``"local"`` from code."""
+        return self.record.submitted_by
+
 
 class JobSource(Protocol):
     """What a :class:`JobHandle` reads and steers its job through (the facade)."""
@@ -105,6 +134,8 @@ class JobSource(Protocol):
     async def attempts(self, job_id: str) -> list[Attempt]: ...
 
     async def cancel(self, job_id: str, *, reason: str = ...) -> JobHandle: ...
+
+    async def children(self, job_id: str, *, limit: int = ...) -> list[JobHandle]: ...
 
 
 class JobHandle(JobView):
@@ -133,6 +164,10 @@ class JobHandle(JobView):
 
     async def cancel(self, reason: str = "cancelled by request") -> JobHandle:
         return await self._app.cancel(self.id, reason=reason)
+
+    async def children(self, *, limit: int = 1000) -> list[JobHandle]:
+        """The jobs this one spawned, newest first."""
+        return await self._app.children(self.id, limit=limit)
 
     @property
     def sync(self) -> Any:

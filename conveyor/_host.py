@@ -6,6 +6,7 @@ facade, so that the facade can build workers without the two modules importing e
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -13,6 +14,7 @@ from conveyor._handles import JobHandle, Submission
 from conveyor._registry import Registry
 from conveyor.core.cron import Schedule
 from conveyor.core.model import NewJob
+from conveyor.errors import ConfigurationError
 from conveyor.hooks import Hooks
 from conveyor.metrics import Metrics
 from conveyor.store import Retention, Store, Submitted
@@ -41,7 +43,9 @@ class WorkerHost(Protocol):
         """The retention policy with the job types' overrides."""
         ...
 
-    def prepare(self, submissions: Sequence[Submission]) -> list[NewJob]:
+    def prepare(
+        self, submissions: Sequence[Submission], *, submitted_by: str = "local"
+    ) -> list[NewJob]:
         """Validate submissions (a handler's spawns) into jobs ready to insert."""
         ...
 
@@ -50,4 +54,34 @@ class WorkerHost(Protocol):
         ...
 
 
-__all__ = ["WorkerHost"]
+# What a completion callback finds in its payload, under "batch", when its batch ends.
+BATCH_EXAMPLE = {
+    "job_id": "",
+    "status": "succeeded",
+    "pending": 0,
+    "queued": 0,
+    "running": 0,
+    "waiting": 0,
+    "succeeded": 0,
+    "failed": 0,
+    "cancelled": 0,
+    "done": 0,
+    "total": 0,
+}
+
+
+def prepare_callback(host: WorkerHost, callback: Submission) -> NewJob:
+    """Validate a completion callback as it will run, with ``batch`` in its payload (its
+    handler must take it), and return it without: the store adds it when it fires."""
+    if "batch" in callback.payload:
+        raise ConfigurationError(
+            f"the payload of callback {callback.type!r} has a 'batch' key: conveyor sets it "
+            "when the batch ends; rename yours"
+        )
+    with_batch = dataclasses.replace(callback, payload={**callback.payload, "batch": BATCH_EXAMPLE})
+    (job,) = host.prepare([with_batch])
+    payload = {k: v for k, v in job.payload.items() if k != "batch"}
+    return dataclasses.replace(job, payload=payload)
+
+
+__all__ = ["BATCH_EXAMPLE", "WorkerHost", "prepare_callback"]

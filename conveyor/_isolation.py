@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -218,7 +218,11 @@ class _ChildPort:
             if seq == self.sequence:
                 return ok
 
-    async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
+    async def spawn(
+        self,
+        submissions: Sequence[Submission],
+        callbacks: Mapping[str, Submission] | None = None,
+    ) -> list[JobHandle] | None:
         raise ConfigurationError("ctx.spawn is not available to process-isolated handlers")
 
     async def dependency_results(self) -> dict[str, JSON]:

@@ -202,13 +202,18 @@ class TenantView:
 
     async def retry_failed_children(self, job_id: str, *, limit: int = BULK_LIMIT) -> list[Job]:
         """Retry every failed job below a visible job (the failures, not the parents they
-        failed, which re-open); return the new jobs."""
+        failed, which re-open) in one transaction; return the new jobs."""
         self.require(Role.WRITE)
         await self.get(job_id)
-        failed = await (await self.app.store()).failed_below(job_id, limit=limit)
-        retried = [await self._retry_quietly(i) for i in failed]
-        new = [job for job in retried if job is not None]
-        await self.audit("job.retry_failed_children", job_id, f"{len(new)} children retried")
+
+        async def check(old: Job) -> None:
+            await self.app.authorize(self.principal, old.type, old.payload)
+
+        handles = await self.app.retry_failed_children(
+            job_id, limit=limit, submitted_by=self.who, check=check
+        )
+        new = [h.record for h in handles]
+        await self.audit("job.retry_failed_children", job_id, f"{len(new)} jobs retried")
         return new
 
     # -- a filtered selection ---------------------------------------------------------------

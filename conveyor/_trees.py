@@ -10,13 +10,20 @@ last failed job. See ``docs/trees.md``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from conveyor._handles import JobHandle
 from conveyor.core.ids import new_id
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
-from conveyor.errors import InvalidState, JobNotFound, RetryLimitReached, UnknownJobType
+from conveyor.errors import (
+    Forbidden,
+    InvalidState,
+    JobNotFound,
+    RetryLimitReached,
+    UnknownJobType,
+)
 from conveyor.store.protocol import JobEvent, JobPageQuery
 
 if TYPE_CHECKING:
@@ -72,19 +79,36 @@ class Trees:
         )
 
     async def retry_failed_children(
-        self, job_id: str, *, limit: int = BULK_LIMIT, submitted_by: str = "local"
+        self,
+        job_id: str,
+        *,
+        limit: int = BULK_LIMIT,
+        submitted_by: str = "local",
+        check: Callable[[Job], Awaitable[None]] | None = None,
     ) -> list[JobHandle]:
         """Retry every failed job below ``job_id`` that a retry fixes (not the parents
-        that failed because of them); its failed ancestors re-open. Returns the new jobs."""
+        that failed because of them), in one transaction: its failed ancestors re-open
+        once. A job at its retry limit, or that ``check`` refuses (raises Forbidden), is
+        left out. Returns the new jobs."""
         await self.app.get(job_id)
         store = await self.app.store()
-        retried = []
-        for failed in await store.failed_below(job_id, limit=limit):
-            try:
-                retried.append(await self.retry(failed, submitted_by=submitted_by))
-            except (InvalidState, JobNotFound):
-                continue  # retried meanwhile, or at its retry limit (said on the job)
-        return retried
+        failed = await store.get_many(await store.failed_below(job_id, limit=limit))
+        retries = []
+        for old in sorted(failed, key=lambda j: j.id):
+            limit_of_type = self.retry_limit(old.type)
+            if limit_of_type is not None and old.retry_count >= limit_of_type:
+                try:
+                    await self._refuse(old, limit_of_type)
+                except RetryLimitReached:
+                    continue
+            if check is not None:
+                try:
+                    await check(old)
+                except Forbidden:
+                    continue
+            new = retry_job(old, new_id(self.app._wallclock()), submitted_by)
+            retries.append((old.id, new))
+        return [JobHandle(self.app, j) for j in await store.retry_many(retries)]
 
     async def events(self, job_id: str) -> list[JobEvent]:
         """A job's events besides its attempts (``reopened``), oldest first."""

@@ -508,10 +508,11 @@ class Conveyor:
         """
         return await self._trees.retry(job_id, submitted_by=submitted_by)
 
-    async def retry_failed_children(self, job_id: str) -> list[JobHandle]:
+    async def retry_failed_children(self, job_id: str, **kw: Any) -> list[JobHandle]:
         """Retry every failed job below ``job_id`` (the failures, not the parents they
-        failed), re-opening its ancestors; return the new jobs."""
-        return await self._trees.retry_failed_children(job_id)
+        failed) in one transaction, re-opening its ancestors once; return the new jobs.
+        Options: see :meth:`conveyor._trees.Trees.retry_failed_children`."""
+        return await self._trees.retry_failed_children(job_id, **kw)
 
     async def events(self, job_id: str) -> list[JobEvent]:
         """A job's events besides its attempts (``reopened``), oldest first."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from conveyor._handles import Submission
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON, Job, Progress
-from conveyor.errors import LeaseLost
+from conveyor.errors import ConfigurationError, LeaseLost
 from conveyor.logs import JobLogger, job_fields
 
 if TYPE_CHECKING:
@@ -61,7 +61,11 @@ class JobPort(Protocol):
 
     async def save_state(self, state: JSON) -> bool: ...
 
-    async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None: ...
+    async def spawn(
+        self,
+        submissions: Sequence[Submission],
+        callbacks: Mapping[str, Submission] | None = None,
+    ) -> list[JobHandle] | None: ...
 
     async def dependency_results(self) -> dict[str, JSON]: ...
 
@@ -164,9 +168,31 @@ class JobContext:
         )
         return (await self.spawn_many([submission]))[0]
 
-    async def spawn_many(self, submissions: Sequence[Submission]) -> list[JobHandle]:
-        """Create many children in one fenced write."""
-        spawned = await self._port.spawn(submissions)
+    async def spawn_many(
+        self,
+        submissions: Sequence[Submission],
+        *,
+        on_complete: Submission | str | None = None,
+        on_success: Submission | str | None = None,
+    ) -> list[JobHandle]:
+        """Create many children in one fenced write.
+
+        ``on_complete`` is a job submitted once everything below this job has ended,
+        whatever the outcome; ``on_success`` only if all of it succeeded (a job type name,
+        or a :class:`Submission`). Either gets ``batch`` in its payload: this job's id, its
+        ``status`` and the counts (``succeeded``, ``failed``, ``cancelled``, ``total``...).
+        Callbacks are top-level jobs, not children: they do not hold this job waiting.
+        """
+        callbacks = {
+            kind: Submission(job, {}) if isinstance(job, str) else job
+            for kind, job in (("complete", on_complete), ("success", on_success))
+            if job is not None
+        }
+        if callbacks and not submissions:
+            raise ConfigurationError(
+                "on_complete/on_success fire when the children spawned end: spawn at least one"
+            )
+        spawned = await self._port.spawn(submissions, callbacks)
         if spawned is None:
             raise LeaseLost(f"job {self.id} is no longer leased by this worker; nothing spawned")
         return spawned

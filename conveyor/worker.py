@@ -57,7 +57,15 @@ from conveyor import _tracing
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
 from conveyor.core.lifecycle import Event, Status, transition
-from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
+from conveyor.core.model import (
+    JSON,
+    Job,
+    NewJob,
+    Outcome,
+    Progress,
+    Settlement,
+    after_failure,
+)
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
@@ -1019,18 +1027,32 @@ class _Port:
             return False
         return await self.store.checkpoint(self.run.key, state)
 
-    async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
+    async def spawn(
+        self,
+        submissions: Sequence[Submission],
+        callbacks: Mapping[str, Submission] | None = None,
+    ) -> list[JobHandle] | None:
         if self.run.interrupt is _Interrupt.LOST:
             return None
-        jobs = self.app.prepare(submissions)
-        # Children belong to their parent's tenant, so that the API shows a tenant its trees.
-        tenant = self.run.job.tenant
-        if tenant is not None:
-            jobs = [j if j.tenant else dataclasses.replace(j, tenant=tenant) for j in jobs]
-        spawned = await self.store.spawn(self.run.key, jobs)
+        # Children belong to their parent's tenant, so that the API shows a tenant its
+        # trees, and were submitted by whoever submitted it.
+        jobs = [self._inherit(j) for j in self.app.prepare(submissions)]
+        from conveyor._host import prepare_callback  # only handlers that spawn need it
+
+        later = {
+            kind: self._inherit(prepare_callback(self.app, c))
+            for kind, c in (callbacks or {}).items()
+        }
+        spawned = await self.store.spawn(self.run.key, jobs, later)
         if spawned is None:
             return None
         return self.app.handles(jobs, spawned)
+
+    def _inherit(self, job: NewJob) -> NewJob:
+        parent = self.run.job
+        return dataclasses.replace(
+            job, tenant=job.tenant or parent.tenant, submitted_by=parent.submitted_by
+        )
 
     async def dependency_results(self) -> dict[str, JSON]:
         depends_on = self.run.job.depends_on

@@ -676,18 +676,36 @@ def retry(dialect: Dialect, job_id: str, new: NewJob) -> Script[Job | None]:
     its parents); the new one counts instead, and every ancestor that failed goes back to
     ``waiting``, with a ``reopened`` event, to be decided again.
     """
+    return (yield from _retry(dialect, job_id, new, strict=True))
+
+
+def retry_many(dialect: Dialect, retries: Sequence[tuple[str, NewJob]]) -> Script[list[Job]]:
+    """Retry many jobs in one transaction (their parents re-open once, not between two
+    retries); those no longer failed or cancelled, or retried already, are left out."""
+    done = []
+    for job_id, new in retries:
+        job = yield from _retry(dialect, job_id, new, strict=False)
+        if job is not None:
+            done.append(job)
+    return done
+
+
+def _retry(dialect: Dialect, job_id: str, new: NewJob, *, strict: bool) -> Script[Job | None]:
     rows = yield "lock_job", {"id": job_id}
     if not rows:
         return None
     old = dialect.job(rows[0])
+    refused = None
     if old.status not in (Status.FAILED, Status.CANCELLED):
-        raise InvalidState(
+        refused = (
             f"job {job_id} is {old.status.value}: only failed or cancelled jobs can be retried"
         )
-    if old.retried_by is not None:
-        raise InvalidState(
-            f"job {job_id} was already retried as {old.retried_by}: retry that job instead"
-        )
+    elif old.retried_by is not None:
+        refused = f"job {job_id} was already retried as {old.retried_by}: retry that job instead"
+    if refused is not None:
+        if strict:
+            raise InvalidState(refused)
+        return None
     yield "mark_retried", {"id": job_id, "by": new.id}
     (submitted,) = yield from dialect.submit([new])
     if old.parent_id is None:

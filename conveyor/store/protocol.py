@@ -280,6 +280,10 @@ class Store(Protocol):
         ``waiting``. Returns None when ``job_id`` does not exist.
         """
 
+    async def retry_many(self, retries: Sequence[tuple[str, NewJob]]) -> list[Job]:
+        """Retry many jobs as :meth:`retry` does, in one transaction; return the new jobs
+        (a job no longer failed or cancelled, or already retried, is left out)."""
+
     async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
         """Write ``error`` on a failed or cancelled job whose retry was refused."""
 

@@ -516,6 +516,9 @@ class PostgresStore(SharedReads):
     async def retry(self, job_id: str, new: NewJob) -> Job | None:
         return await self._script(lambda: scripts.retry(DIALECT, job_id, new))
 
+    async def retry_many(self, retries: Sequence[tuple[str, NewJob]]) -> list[Job]:
+        return await self._script(lambda: scripts.retry_many(DIALECT, retries))
+
     async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
         rows = await self._fetch("note_retry_limit", {"id": job_id, "error": error})
         return job_of_row(rows[0]) if rows else None

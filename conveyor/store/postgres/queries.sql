@@ -203,7 +203,8 @@ settled AS (
         result = e.result::json,
         result_ref = coalesce(e.result_ref, j.result_ref),
         -- A cancelled job keeps the reason its cancel request stored.
-        error = CASE WHEN e.status = 'queued' AND h.cancel_requested THEN coalesce(j.error, e.error)
+        error = CASE WHEN e.status IN ('queued', 'cancelled') AND h.cancel_requested
+                          THEN coalesce(j.error, e.error)
                      WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
                      ELSE e.error END,
         run_at = CASE
@@ -391,27 +392,44 @@ RETURNING depends_on_id;
 
 -- name: lock_counts
 -- The counts of the jobs below these parents, locked until the transaction ends: every
--- change below a parent updates its row first, so what is read here is final.
-SELECT * FROM conveyor_job_counts WHERE job_id = ANY(%(ids)s::text[]) ORDER BY job_id FOR UPDATE;
+-- change below a parent updates its row first, so what is read here is final. Rows of
+-- conveyor_job_counts are always locked deepest first (then by id), here as in
+-- count_moves: a settle holding a parent's row may then wait for its ancestors', never
+-- the other way round, so two settles of one tree cannot deadlock.
+WITH RECURSIVE up (id, ancestor, level) AS (
+    SELECT id, id, 0 FROM unnest(%(ids)s::text[]) AS id
+    UNION ALL
+    SELECT up.id, j.parent_id, up.level + 1 FROM up JOIN conveyor_jobs j ON j.id = up.ancestor
+    WHERE j.parent_id IS NOT NULL
+),
+depth AS (SELECT id, max(level) AS depth FROM up GROUP BY id)
+SELECT c.* FROM conveyor_job_counts c JOIN depth d ON d.id = c.job_id
+ORDER BY d.depth DESC, c.job_id
+FOR UPDATE OF c;
 
 -- name: count_moves
 -- Carry jobs' moves between statuses to the counts of every parent above them, in one
 -- statement. %(moves)s is a JSON array of {parent, src, dst, n}: n jobs whose parent is
 -- `parent` left counter `src` (NULL: they are new) for `dst` (NULL: a retry took their
--- place). The walk up stops above a job a retry took the place of. Rows are written in
--- id order, so that two settles of one tree cannot deadlock on them.
+-- place). The walk up stops above a job a retry took the place of. Rows are written
+-- deepest first, then by id (see lock_counts), so that two settles of one tree cannot
+-- deadlock on them.
 WITH RECURSIVE
 moved AS (
     SELECT * FROM json_to_recordset(%(moves)s::json) AS m (parent text, src text, dst text, n integer)
 ),
-up (ancestor, src, dst, n) AS (
-    SELECT parent, src, dst, n FROM moved
+up (start, ancestor, level, src, dst, n) AS (
+    SELECT parent, parent, 0, src, dst, n FROM moved
     UNION ALL
-    SELECT j.parent_id, up.src, up.dst, up.n FROM up JOIN conveyor_jobs j ON j.id = up.ancestor
+    SELECT up.start, j.parent_id, up.level + 1, up.src, up.dst, up.n
+    FROM up JOIN conveyor_jobs j ON j.id = up.ancestor
     WHERE j.parent_id IS NOT NULL AND j.retried_by IS NULL
 ),
+placed AS (
+    SELECT ancestor, src, dst, n, max(level) OVER (PARTITION BY start) - level AS depth FROM up
+),
 delta AS (
-    SELECT ancestor,
+    SELECT ancestor, max(depth) AS depth,
            sum(CASE WHEN dst = 'pending' THEN n ELSE 0 END
                - CASE WHEN src = 'pending' THEN n ELSE 0 END) AS pending,
            sum(CASE WHEN dst = 'active' THEN n ELSE 0 END
@@ -424,12 +442,12 @@ delta AS (
                - CASE WHEN src = 'failed' THEN n ELSE 0 END) AS failed,
            sum(CASE WHEN dst = 'cancelled' THEN n ELSE 0 END
                - CASE WHEN src = 'cancelled' THEN n ELSE 0 END) AS cancelled
-    FROM up
+    FROM placed
     GROUP BY ancestor
 )
 INSERT INTO conveyor_job_counts AS c (job_id, pending, active, waiting, succeeded, failed, cancelled)
 SELECT ancestor, pending, active, waiting, succeeded, failed, cancelled FROM delta
-ORDER BY ancestor
+ORDER BY depth DESC, ancestor
 ON CONFLICT (job_id) DO UPDATE SET
     pending = c.pending + excluded.pending, active = c.active + excluded.active,
     waiting = c.waiting + excluded.waiting, succeeded = c.succeeded + excluded.succeeded,

@@ -271,6 +271,9 @@ class SQLiteStore(SharedReads):
     async def retry(self, job_id: str, new: NewJob) -> Job | None:
         return await self._script(scripts.retry(DIALECT, job_id, new))
 
+    async def retry_many(self, retries: Sequence[tuple[str, NewJob]]) -> list[Job]:
+        return await self._script(scripts.retry_many(DIALECT, retries))
+
     async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
         params = {"id": job_id, "error": error}
 

@@ -116,7 +116,8 @@ SET status = CASE WHEN e.status = 'queued' AND j.cancel_requested THEN 'cancelle
     result = e.result,
     result_ref = coalesce(e.result_ref, j.result_ref),
     -- A cancelled job keeps the reason its cancel request stored.
-    error = CASE WHEN e.status = 'queued' AND j.cancel_requested THEN coalesce(j.error, e.error)
+    error = CASE WHEN e.status IN ('queued', 'cancelled') AND j.cancel_requested
+                      THEN coalesce(j.error, e.error)
                  WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
                  ELSE e.error END,
     run_at = CASE WHEN e.status = 'queued' THEN :now + e.retry_delay ELSE j.run_at END,
