@@ -30,7 +30,7 @@ from rich.table import Table
 
 from conveyor.core.auth import Token
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Attempt, Job
+from conveyor.core.model import Attempt, Job, TreeCounts
 from conveyor.core.model import Progress as ProgressRecord
 from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
 
@@ -85,6 +85,8 @@ def job_document(job: Job, attempts: Sequence[Attempt] | None = None) -> dict[st
     (``shown_status``: scheduled, retrying...) and, if given, its attempts."""
     document: dict[str, Any] = jsonable(job, omit=_JOB_INTERNALS)
     document["shown_status"] = status_text(job)
+    if job.below is not None:
+        document["below"] = job.below.to_dict()
     if attempts is not None:
         document["attempts"] = jsonable(list(attempts))
     return document
@@ -130,12 +132,15 @@ def status_text(r: Job) -> str:
 
 def jobs_table(found: Sequence[ShownJob], *, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("id", "type", "queue", "status", "attempt", "progress", "result / error"):
+    columns = ("id", "type", "queue", "status", "attempt", "progress", "by", "result / error")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for job in found:
         r = job.record
         progress = ""
-        if r.progress is not None:
+        if r.below is not None:
+            progress = f"{r.below.done}/{r.below.total} below"
+        elif r.progress is not None:
             p = r.progress
             progress = f"{p.done:g}/{p.total:g}" if p.total else f"{p.done:g}"
             if p.fraction is not None:
@@ -148,6 +153,7 @@ def jobs_table(found: Sequence[ShownJob], *, title: str | None = None) -> Table:
             f"[{STATUS_STYLE[r.status.value]}]{status_text(r)}[/]",
             f"{r.attempt}/{r.max_attempts}",
             progress,
+            r.submitted_by,
             (outcome or "")[:80],
         )
     return table
@@ -161,6 +167,7 @@ def _job_rows(r: Job) -> list[tuple[str, str]]:
         ("status", f"[{STATUS_STYLE[r.status.value]}]{r.status.value}[/]"),
         ("attempt", f"{r.attempt} of {r.max_attempts}"),
         ("payload", json.dumps(r.payload)),
+        ("submitted by", r.submitted_by),
         ("created", r.created_at.isoformat()),
         ("run at", r.run_at.isoformat()),
     ]
@@ -177,12 +184,28 @@ def _job_rows(r: Job) -> list[tuple[str, str]]:
                 f"[green]{'█' * filled}[/][bright_black]{'░' * (30 - filled)}[/] {p.fraction:.0%} "
             )
         rows.append(("progress", f"{bar}{p.done:g}/{p.total or 0:g} {p.message or ''}"))
+    rows.extend(_tree_rows(r))
     if r.state is not None:
         rows.append(("state", json.dumps(r.state)))
     if r.status is Status.SUCCEEDED or r.result is not None:
         rows.append(("result", json.dumps(r.result)))
     if r.error:
         rows.append(("error", r.error))
+    return rows
+
+
+def _tree_rows(r: Job) -> list[tuple[str, str]]:
+    """Where a job sits in its tree and in its chain of retries, and what is below it."""
+    rows = [(k, v) for k, v in (("parent", r.parent_id), ("root", r.root_id)) if v]
+    if r.retry_of:
+        rows.append(("retry", f"{r.retry_count} of {r.retry_of}"))
+    if r.retried_by:
+        rows.append(("retried as", r.retried_by))
+    if r.below is not None:
+        counts = ", ".join(
+            f"[{STATUS_STYLE[k]}]{v} {k}[/]" for k, v in r.below.by_status().items() if v
+        )
+        rows.append(("below", f"{r.below.done}/{r.below.total} done: {counts or 'none'}"))
     return rows
 
 
@@ -228,6 +251,10 @@ def print_job(
             console.print(a.traceback, markup=False, highlight=False)
 
 
+def _counts_message(below: TreeCounts) -> str:
+    return " ".join(f"{v} {k}" for k, v in below.by_status().items() if v)
+
+
 async def follow(job: ShownJob, timeout: float | None) -> bool:
     """Poll a job until it is terminal, drawing its progress as a bar with rate and ETA.
 
@@ -247,13 +274,21 @@ async def follow(job: ShownJob, timeout: float | None) -> bool:
         try:
             async with asyncio.timeout(timeout):
                 while not (await job.refresh()).terminal:
-                    p = job.progress
+                    below, p = job.record.below, job.progress
+                    done: float
+                    total: float | None
+                    if below is not None:  # a parent: the jobs below it
+                        done, total, message = below.done, below.total, _counts_message(below)
+                    else:
+                        done = p.done if p else 0
+                        total = p.total if p and p.total else None
+                        message = (p.message or "") if p else ""
                     bar.update(
                         task,
                         description=job.status.value,
-                        completed=p.done if p else 0,
-                        total=p.total if p and p.total else None,
-                        message=(p.message or "") if p else "",
+                        completed=done,
+                        total=total,
+                        message=message,
                     )
                     await asyncio.sleep(0.2)
         except TimeoutError:

@@ -584,7 +584,9 @@ class JobsTarget(Protocol):
         status: Sequence[str] = (),
         type: str | None = None,
         queue: str | None = None,
-        top_level: bool = False,
+        include_children: bool = False,
+        parent_id: str | None = None,
+        root_id: str | None = None,
         limit: int = 50,
     ) -> Sequence[ShownJob]: ...
 
@@ -593,6 +595,10 @@ class JobsTarget(Protocol):
     async def cancel(self, job_id: str) -> ShownJob: ...
 
     async def retry(self, job_id: str) -> ShownJob: ...
+
+    async def retry_failed_children(self, job_id: str) -> Sequence[ShownJob]: ...
+
+    async def children(self, job_id: str, *, limit: int = ...) -> Sequence[ShownJob]: ...
 
     async def queues(self) -> list[QueueInfo]: ...
 
@@ -843,10 +849,14 @@ _SHOWN_STATUS_WINDOW = 1000
 @click.option("--type", "job_type", default=None, help="Filter by job type.")
 @click.option("--queue", default=None, help="Filter by queue.")
 @click.option(
+    "--children",
     "--include-children",
+    "include_children",
     is_flag=True,
     help="Also list jobs spawned by other jobs (by default only top-level jobs).",
 )
+@click.option("--parent", "parent_id", default=None, metavar="ID", help="The children of ID.")
+@click.option("--root", "root_id", default=None, metavar="ID", help="Every job below root ID.")
 @click.option("--limit", default=50, show_default=True, help="At most this many jobs.")
 @_json_option
 @_jobs_target
@@ -856,10 +866,13 @@ def jobs_list(
     job_type: str | None,
     queue: str | None,
     include_children: bool,
+    parent_id: str | None,
+    root_id: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first (by creation time): top-level ones unless --include-children.
+    """List jobs, newest first (by creation time): top-level ones unless --children, or
+    the children of --parent ID, or the jobs below --root ID.
 
     scheduled and retrying are queued jobs due later (retrying: after a failed attempt),
     as the tables show them.
@@ -872,7 +885,9 @@ def jobs_list(
             status=stored,
             type=job_type,
             queue=queue,
-            top_level=not include_children,
+            include_children=include_children,
+            parent_id=parent_id,
+            root_id=root_id,
             limit=max(limit, _SHOWN_STATUS_WINDOW) if only_shown else limit,
         )
     )
@@ -886,37 +901,55 @@ def jobs_list(
         console.print(jobs_table(found, title=f"{len(found)} job(s)"))
 
 
+# Sub-jobs `jobs show` lists under a job (all of them are counted).
+_SHOWN_CHILDREN = 20
+
+
 @jobs.command("show")
 @click.argument("job_id")
-@click.option("--follow", "-f", "following", is_flag=True, help="Follow the job until it ends.")
+@click.option(
+    "--follow",
+    "-f",
+    "following",
+    is_flag=True,
+    help="Follow the job until it ends (a parent: the jobs below it, done/total).",
+)
 @click.option("--traceback", "tracebacks", is_flag=True, help="Print each attempt's traceback.")
 @_json_option
 @_jobs_target
 def jobs_show(
     target: Target, job_id: str, following: bool, tracebacks: bool, as_json: bool
 ) -> None:
-    """Show one job with its attempts (--follow: a live progress bar until it ends;
-    Ctrl-C stops following, exit 130)."""
+    """Show one job with its attempts, the counts of the jobs below it and its first
+    sub-jobs (--follow: a live progress bar until it ends; Ctrl-C stops following, exit
+    130)."""
     shown: list[ShownJob] = []
 
-    async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt], str | None]:
+    async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt], str | None, list[Any]]:
         job = await jobs.get(job_id)
         shown.append(job)
         if following and not job.terminal:
             await _wait_for(target, job, None)
         hint = await target.no_worker_hint() if job.status is Status.QUEUED else None
-        return job, await job.attempts(), hint
+        below = job.record.below
+        children = await jobs.children(job_id, limit=_SHOWN_CHILDREN) if below else []
+        return job, await job.attempts(), hint, list(children)
 
     try:
-        job, attempts, hint = target.run(go)
+        job, attempts, hint, children = target.run(go)
     except KeyboardInterrupt:
         _interrupted(job_id, shown[0].status.value if shown else None)
     if as_json:
         document = job_document(job.record, attempts)
         document["hint"] = hint
+        document["children"] = [job_document(c.record) for c in children]
         print_json(document)
     else:
         print_job(job, attempts, tracebacks=tracebacks, note=hint)
+        if children:
+            below = job.record.below
+            title = f"sub-jobs (newest {len(children)} of {below.total if below else '?'} below)"
+            console.print(jobs_table(children, title=title))
 
 
 @jobs.command("cancel")
@@ -959,11 +992,24 @@ def jobs_cancel(target: Target, job_id: str, wait: bool, wait_timeout: float | N
 
 @jobs.command("retry")
 @click.argument("job_id")
+@click.option(
+    "--failed-children",
+    is_flag=True,
+    help="Retry every failed job below JOB_ID instead (its failed parents wait again).",
+)
 @_jobs_target
-def jobs_retry(target: Target, job_id: str) -> None:
-    """Retry a failed or cancelled job as a new job (the old one is kept as it is)."""
+def jobs_retry(target: Target, job_id: str, failed_children: bool) -> None:
+    """Retry a failed or cancelled job as a new job in its place (the old one is kept;
+    a parent that failed because of it waits again). --failed-children: every failed
+    job below JOB_ID, in one go."""
+    if failed_children:
+        retried = target.run(lambda jobs: jobs.retry_failed_children(job_id))
+        for job in retried:
+            console.print(f"job {job.record.retry_of} retried as [bold]{job.id}[/]")
+        console.print(f"{len(retried)} failed job(s) below {job_id} retried")
+        return
     job = target.run(lambda jobs: jobs.retry(job_id))
-    console.print(f"job {job_id} retried as [bold]{job.id}[/]")
+    console.print(f"job {job_id} retried as [bold]{job.id}[/] (retry {job.record.retry_count})")
 
 
 # -- queues ----------------------------------------------------------------------------

@@ -473,19 +473,17 @@ class Conveyor:
         type: str | None = None,
         queue: str | None = None,
         include_children: bool = False,
+        parent_id: str | None = None,
+        root_id: str | None = None,
         top_level: bool | None = None,
         limit: int = 50,
     ) -> list[JobHandle]:
         """Return jobs, newest first: the first page of :meth:`page_jobs` (top-level jobs
-        unless ``include_children``)."""
+        unless ``include_children``, or the children of a parent or the tree of a root)."""
         page = await self.page_jobs(
-            status=status,
-            type=type,
-            queue=queue,
-            include_children=include_children,
-            top_level=top_level,
-            limit=limit,
-        )
+            status=status, type=type, queue=queue, parent_id=parent_id, root_id=root_id,
+            include_children=include_children, top_level=top_level, limit=limit,
+        )  # fmt: skip
         return page.jobs
 
     async def attempts(self, job_id: str) -> list[Attempt]:

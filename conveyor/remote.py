@@ -16,7 +16,7 @@ import httpx
 
 from conveyor._handles import JobView
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Attempt, Job, Outcome, Progress
+from conveyor.core.model import Attempt, Job, Outcome, Progress, TreeCounts
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
@@ -52,10 +52,21 @@ def job_from_resource(data: Mapping[str, Any]) -> Job:
         depends_on=tuple(data.get("depends_on") or ()),
         unique_key=data.get("unique_key"),
         retry_of=data.get("retry_of"),
+        retry_count=int(data.get("retry_count") or 0),
+        retried_by=data.get("retried_by"),
+        submitted_by=data.get("submitted_by") or "local",
+        below=_below(data.get("below")),
         started_at=_time(data.get("started_at")),
         finished_at=_time(data.get("finished_at")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
+
+
+def _below(data: Mapping[str, Any] | None) -> TreeCounts | None:
+    if not data:
+        return None
+    names = ("pending", "queued", "running", "waiting", "succeeded", "failed", "cancelled")
+    return TreeCounts(**{name: int(data.get(name) or 0) for name in names})
 
 
 def _time(value: str | None) -> datetime | None:
@@ -162,14 +173,17 @@ class RemoteClient:
         status: Sequence[str] = (),
         type: str | None = None,
         queue: str | None = None,
-        top_level: bool = False,
+        include_children: bool = False,
+        parent_id: str | None = None,
+        root_id: str | None = None,
         limit: int = 50,
     ) -> list[RemoteJob]:
         """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: the first page of
-        ``GET /jobs``, children included unless ``top_level``."""
+        ``GET /jobs``, top-level ones unless ``include_children`` or a parent or root."""
         params: list[tuple[str, str]] = [("status", s) for s in status]
-        params += [(k, v) for k, v in (("type", type), ("queue", queue)) if v is not None]
-        params.append(("include_children", "false" if top_level else "true"))
+        filters = (("type", type), ("queue", queue), ("parent", parent_id), ("root", root_id))
+        params += [(k, v) for k, v in filters if v is not None]
+        params.append(("include_children", "true" if include_children else "false"))
         params.append(("limit", str(limit)))
         response = await self._call("GET", "/jobs", params=params)
         return [self._job(j) for j in response.json()["jobs"]]
@@ -211,6 +225,18 @@ class RemoteClient:
     async def retry(self, job_id: str) -> RemoteJob:
         response = await self._call("POST", f"{_path(job_id)}/retry", job_id=job_id)
         return self._job(response.json())
+
+    async def retry_failed_children(self, job_id: str) -> list[RemoteJob]:
+        path = f"{_path(job_id)}/retry-failed-children"
+        response = await self._call("POST", path, job_id=job_id)
+        return [self._job(j) for j in response.json()["retried"]]
+
+    async def children(self, job_id: str, *, limit: int = 50) -> list[RemoteJob]:
+        params = [("limit", str(limit))]
+        response = await self._call(
+            "GET", f"{_path(job_id)}/children", job_id=job_id, params=params
+        )
+        return [self._job(j) for j in response.json()["jobs"]]
 
     async def queues(self) -> list[QueueInfo]:
         response = await self._call("GET", "/queues")

@@ -10,7 +10,7 @@ import asyncio
 import os
 import time
 
-from conveyor import Conveyor, JobContext
+from conveyor import Conveyor, JobContext, Submission
 
 app = Conveyor(os.environ.get("CONVEYOR_DATABASE_URL", "sqlite:///conveyor-test-unused.db"))
 
@@ -85,3 +85,15 @@ async def rated(ctx: JobContext) -> None:
 @app.job()
 async def unlimited(ctx: JobContext) -> None:
     record(ctx, "start")
+
+
+@app.job()
+async def fanout(ctx: JobContext, n: int) -> int:
+    """A bulk job: one child per item, spawned in one write."""
+    await ctx.spawn_many([Submission("item", {"i": i}, id=f"{ctx.id}.{i}") for i in range(n)])
+    return n
+
+
+@app.job()
+async def item(ctx: JobContext, i: int) -> int:
+    return i
