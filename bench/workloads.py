@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import floor, measure
+from bench import fanout, floor, measure
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -45,6 +45,7 @@ class Sizes:
     heartbeat_lease: float
     progress_calls: int
     tree_children: int
+    fanout_jobs: int
 
 
 PROFILES = {
@@ -66,6 +67,7 @@ PROFILES = {
         heartbeat_lease=3.0,
         progress_calls=10_000,
         tree_children=1_000,
+        fanout_jobs=20_000,
     ),
     "full": Sizes(
         runs=5,
@@ -85,6 +87,7 @@ PROFILES = {
         heartbeat_lease=3.0,
         progress_calls=10_000,
         tree_children=1_000,
+        fanout_jobs=100_000,
     ),
 }
 
@@ -238,3 +241,20 @@ def conveyor_progress(backend: str, url: str, sizes: Sizes) -> Metrics:
 def conveyor_tree(backend: str, url: str, sizes: Sizes) -> Metrics:
     """A job tree: one spawn_many of all children, then the children and the parent's end."""
     return measure.tree(backend, url, children=sizes.tree_children, concurrency=sizes.concurrency)
+
+
+@workload(
+    "conveyor_fanout",
+    "4 workers: 1 root + fanout_jobs children vs. fanout_jobs independent jobs, same run; "
+    "reads of the root's counts meanwhile",
+)
+def conveyor_fanout(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """A fan-out drains at the rate of independent jobs; reading its root stays cheap."""
+    return fanout.fanout(
+        backend,
+        url,
+        jobs=sizes.fanout_jobs,
+        concurrency=sizes.concurrency,
+        processes=4,
+        read_gap=0.05,
+    )

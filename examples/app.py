@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from conveyor import Conveyor, JobContext, JobHandle, Submission
 
@@ -66,18 +67,16 @@ async def transcode(ctx: JobContext, path: str, frames: int = 120) -> dict[str, 
 
 @app.job()
 async def import_rows(ctx: JobContext, rows: int, chunk: int = 250) -> str:
-    """A bulk job: one child per chunk of rows, then a fan-in child that sums them up.
+    """A bulk job: one child per chunk of rows; a callback sums them up when all have ended.
 
-    The parent is ``waiting`` until every child has ended, then ``succeeded``.
+    The parent is ``waiting`` until every child has ended, then ``succeeded`` if every
+    chunk succeeded (a chunk retried to success counts), else ``failed``.
     """
     chunks = [
         Submission("import_chunk", {"start": s, "stop": min(s + chunk, rows)}, id=f"{ctx.id}.{s}")
         for s in range(0, rows, chunk)
     ]
-    summary = Submission(
-        "summarize_import", {}, id=f"{ctx.id}.summary", depends_on=tuple(c.id or "" for c in chunks)
-    )
-    await ctx.spawn_many([*chunks, summary])
+    await ctx.spawn_many(chunks, on_complete=Submission("summarize_import", {"rows": rows}))
     return f"{len(chunks)} chunks"
 
 
@@ -88,10 +87,10 @@ async def import_chunk(ctx: JobContext, start: int, stop: int) -> int:
 
 
 @app.job()
-async def summarize_import(ctx: JobContext) -> dict[str, int]:
-    """Fan-in: reads the results of the chunks it depends on."""
-    counts = await ctx.dependency_results()
-    return {"chunks": len(counts), "rows": sum(counts.values())}
+async def summarize_import(ctx: JobContext, rows: int, batch: dict[str, Any]) -> dict[str, Any]:
+    """Fan-in, as a completion callback: runs once the batch has ended, whatever the
+    outcome, with its counts in ``batch``."""
+    return {"rows": rows, "chunks": batch["total"], "failed": batch["failed"] + batch["cancelled"]}
 
 
 async def seed(app: Conveyor) -> list[JobHandle]:

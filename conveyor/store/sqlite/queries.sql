@@ -345,8 +345,13 @@ WITH RECURSIVE up (id, ancestor) AS (
 SELECT j.*, c.pending AS below_pending, c.active AS below_active,
        c.waiting AS below_waiting, c.succeeded AS below_succeeded,
        c.failed AS below_failed, c.cancelled AS below_cancelled,
-       CASE WHEN c.job_id IS NOT NULL
-            THEN (SELECT count(DISTINCT id) FROM up WHERE ancestor = :id) END AS below_running
+       CASE WHEN c.job_id IS NULL THEN NULL
+            -- A root: its tree's running jobs, on the index. Below a root: those that
+            -- have it as an ancestor (each running job walks up to it at most once).
+            WHEN j.root_id IS NULL
+            THEN (SELECT count(*) FROM conveyor_jobs AS r INDEXED BY conveyor_jobs_running_root
+                  WHERE r.status = 'running' AND r.root_id = :id)
+            ELSE (SELECT count(*) FROM up WHERE ancestor = :id) END AS below_running
 FROM conveyor_jobs AS j LEFT JOIN conveyor_job_counts AS c ON c.job_id = j.id
 WHERE j.id = :id;
 

@@ -1,0 +1,167 @@
+"""The fan-out workload (issue #12): a root with N children drains as fast as N
+independent jobs, while reading the root's counts stays cheap and consistent.
+
+One run, one database, two drains by the same burst workers: N independent no-op jobs,
+and one root whose N no-op children are spawned (in one write, fenced by the root's
+lease) before the workers start, so that neither drain times a submit. Each rate is N
+over the time from the first start to the last finish of its jobs, as the database
+recorded them. The order of the two drains alternates from run to run.
+
+While the tree drains, a thread reads the root as ``app.get`` does (the job row with
+the counts of the jobs below it) every ``read_gap`` seconds and times each read; every
+read must add up (the statuses sum to the total, which is N).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import threading
+import time
+from dataclasses import replace
+
+from bench.db import Db, connect
+from bench.measure import (
+    _RUN_TIMEOUT,
+    Metrics,
+    _epoch,
+    _mark,
+    _open,
+    _percentile,
+    _prepare,
+    _submit_noops,
+    _wait_registered,
+    migrate,
+)
+from bench.procs import Workers
+from conveyor import Outcome, Status, Submission
+from conveyor.core.model import Settlement
+from conveyor.store import Lease
+
+_runs = itertools.count()
+ROOT = "fanout-root"
+
+
+async def _make_tree(url: str, children: int) -> None:
+    """Submit the root, claim it, spawn its children, and let its handler return."""
+    app = await _open(url)
+    try:
+        store = await app.store()
+        (job,) = app.prepare([_submission("roots")])
+        await store.submit([replace(job, id=ROOT)])
+        (root,) = await store.claim(worker_id="bench", queues=["roots"], limit=1, lease=600)
+        noop = app.prepare([_submission("default")])[0]
+        batch = [replace(noop, id=f"{ROOT}.{n}") for n in range(children)]
+        if await store.spawn(Lease(ROOT, root.lease_token), batch) is None:
+            raise RuntimeError("the root's lease was lost while spawning")
+        returned = Settlement(ROOT, root.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        await store.settle([returned])
+        if (await app.get(ROOT)).status is not Status.WAITING:
+            raise RuntimeError("the root does not wait for its children")
+    finally:
+        await app.close()
+
+
+def _submission(queue: str) -> Submission:
+    return Submission("noop", {}, queue=queue)
+
+
+def _rate(db: Db, where: str, params: tuple[object, ...]) -> tuple[float, int]:
+    """(jobs/s, jobs) of the succeeded jobs ``where`` selects: first start to last finish."""
+    started, finished = _epoch(db.backend, "started_at"), _epoch(db.backend, "finished_at")
+    (first, last, n) = db.rows(
+        f"SELECT min({started}), max({finished}), count(*) FROM conveyor_jobs "
+        f"WHERE status = 'succeeded' AND {where}",
+        params,
+    )[0]
+    return int(n) / (float(last) - float(first)), int(n)
+
+
+def _drain(backend: str, url: str, processes: int, concurrency: int) -> None:
+    workers = Workers(url)
+    with connect(backend, url) as db:
+        _prepare(db)
+        try:
+            started = [workers.start(concurrency=concurrency, burst=True) for _ in range(processes)]
+            _wait_registered(db, workers, started)
+            workers.wait_all(_RUN_TIMEOUT)
+        finally:
+            workers.close()
+
+
+class _Reader(threading.Thread):
+    """Reads the root every ``gap`` seconds until it ends; times each read."""
+
+    def __init__(self, url: str, total: int, gap: float) -> None:
+        super().__init__(name="fanout-reader", daemon=True)
+        self.url, self.total, self.gap = url, total, gap
+        self.ms: list[float] = []
+        self.inconsistent = 0
+        self.failure: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._read())
+        except BaseException as exc:  # reported by the workload, not lost in the thread
+            self.failure = exc
+
+    async def _read(self) -> None:
+        app = await _open(self.url)
+        try:
+            while not self.stop.is_set():
+                before = time.perf_counter()
+                root = await app.get(ROOT)
+                self.ms.append((time.perf_counter() - before) * 1000)
+                below = root.below
+                if (
+                    below is None
+                    or sum(below.by_status().values()) != below.total
+                    or below.total != self.total
+                ):
+                    self.inconsistent += 1
+                if root.terminal:
+                    return
+                await asyncio.sleep(self.gap)
+        finally:
+            await app.close()
+
+
+def fanout(
+    backend: str, url: str, *, jobs: int, concurrency: int, processes: int, read_gap: float
+) -> Metrics:
+    """Drain ``jobs`` independent jobs and a root with ``jobs`` children; their rates and
+    the time to read the root's counts during the tree's drain."""
+    migrate(url)
+    tree_first = next(_runs) % 2 == 1
+    reader = _Reader(url, jobs, read_gap)
+    for part in ("tree", "flat") if tree_first else ("flat", "tree"):
+        if part == "tree":
+            asyncio.run(_make_tree(url, jobs))
+            reader.start()
+        else:
+            asyncio.run(_submit_noops(url, jobs))
+        _drain(backend, url, processes, concurrency)
+        if part == "tree":
+            reader.join(_RUN_TIMEOUT)
+            reader.stop.set()
+    if reader.failure is not None:
+        raise RuntimeError(f"the reader failed: {reader.failure!r}")
+    with connect(backend, url) as db:
+        mark = _mark(db)
+        tree_rate, tree_n = _rate(db, f"parent_id = {mark}", (ROOT,))
+        flat_rate, flat_n = _rate(db, "parent_id IS NULL AND queue = 'default'", ())
+        root_status = db.value(f"SELECT status FROM conveyor_jobs WHERE id = {mark}", (ROOT,))
+    if (tree_n, flat_n, root_status) != (jobs, jobs, "succeeded"):
+        raise RuntimeError(f"drains incomplete: tree {tree_n}, flat {flat_n}, root {root_status}")
+    return {
+        "flat_jobs_per_s": flat_rate,
+        "tree_jobs_per_s": tree_rate,
+        "tree_vs_flat": tree_rate / flat_rate,
+        "read_ms_median": statistics.median(reader.ms),
+        "read_ms_p95": _percentile(reader.ms, 95),
+        "read_ms_max": max(reader.ms),
+        "reads": float(len(reader.ms)),
+        "inconsistent_reads": float(reader.inconsistent),
+    }
