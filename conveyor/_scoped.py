@@ -213,7 +213,7 @@ class TenantView:
             job_id, limit=limit, submitted_by=self.who, check=check
         )
         new = [h.record for h in handles]
-        await self.audit("job.retry_failed_children", job_id, f"{len(new)} jobs retried")
+        await self.audit("job.retry_failed_children", job_id, f"{len(new)} children retried")
         return new
 
     # -- a filtered selection ---------------------------------------------------------------

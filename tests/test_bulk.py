@@ -5,6 +5,7 @@ store, completion callbacks, durable cancel, top-level listing and who submitted
 from __future__ import annotations
 
 import asyncio
+import importlib
 from typing import Any
 
 import pytest
@@ -387,5 +388,81 @@ async def test_a_cancel_asked_of_a_running_job_survives_a_retry_and_a_rescue(
             assert (job.status, job.error) == (Status.CANCELLED, f"stop {job_id}")
         assert [a.outcome for a in await store.attempts("b")] == [Outcome.LOST]
         assert await store.claim(worker_id="w2", queues=["default"], limit=5, lease=10) == []
+    finally:
+        await store.close()
+
+
+# A live tree as an older conveyor stored it: root waiting; a succeeded, b waiting on b1
+# (running, lease token 1) and b2 (failed); c queued.
+_OLD_TREE = [
+    ("root", None, None, "waiting"),
+    ("a", "root", "root", "succeeded"),
+    ("b", "root", "root", "waiting"),
+    ("b1", "b", "root", "running"),
+    ("b2", "b", "root", "failed"),
+    ("c", "root", "root", "queued"),
+]
+
+
+def _insert_old_tree(db_url: str) -> None:
+    columns = (
+        "id, parent_id, root_id, status, type, queue, payload, max_attempts, run_at, "
+        "backoff_base, backoff_cap, created_at, lease_token, lease_expires_at"
+    )
+    if db_url.startswith("sqlite:"):
+        import sqlite3
+
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+            conn.executemany(
+                f"INSERT INTO conveyor_jobs ({columns}) "
+                "VALUES (?, ?, ?, ?, 't', 'default', '{}', 3, 0, 1, 60, 0, 1, 4e9)",
+                _OLD_TREE,
+            )
+        return
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for row in _OLD_TREE:
+            conn.execute(
+                f"INSERT INTO conveyor_jobs ({columns}) VALUES (%s, %s, %s, %s, 't', "
+                "'default', '{}', 3, now(), 1, 60, now(), 1, now() + interval '1 hour')",
+                row,
+            )
+
+
+async def test_upgrading_a_database_with_live_trees_counts_them(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = create_store(db_url, migrate=False)
+    backend = importlib.import_module(type(store).__module__)
+    every = list(backend._MIGRATIONS)
+    this = next(i for i, (_, name, _) in enumerate(every) if "bulk_jobs" in name)
+    monkeypatch.setattr(backend, "_MIGRATIONS", every[:this])
+    try:
+        await store.migrate()  # the schema of the release before
+    finally:
+        await store.close()
+    _insert_old_tree(db_url)
+    monkeypatch.setattr(backend, "_MIGRATIONS", every)
+    store = create_store(db_url)
+    await store.open()  # migrates the rest, with the trees' counts
+    try:
+        root, b = await store.get("root"), await store.get("b")
+        assert root is not None and b is not None
+        assert root.below == TreeCounts(queued=1, running=1, waiting=1, succeeded=1, failed=1)
+        assert b.below == TreeCounts(running=1, failed=1)
+        assert root.submitted_by == "local" and root.retry_count == 0
+        # The live tree goes on: b1 ends, b fails for b2, the root waits for c.
+        ended = Settlement("b1", 1, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        assert await store.settle([ended]) == []
+        root, b = await store.get("root"), await store.get("b")
+        assert root is not None and b is not None
+        assert (
+            b.status is Status.FAILED and b.error == "1 failed and 0 cancelled of 2 jobs below it"
+        )
+        assert (root.status, root.below) == (
+            Status.WAITING,
+            TreeCounts(queued=1, succeeded=2, failed=2),
+        )
     finally:
         await store.close()

@@ -383,7 +383,7 @@ async def test_retry_failed_children_retries_each_failed_child(
     csrf = await sign_in(c, secrets["write"])
     page = (await c.get(f"/ui/jobs/{parent.id}")).text
     assert 'data-status="succeeded">3<' in page and 'data-status="failed">2<' in page
-    assert "Retry 2 failed children" in page
+    assert "Retry the failed jobs below" in page and "(5/5 done)" in page
     r = await post(c, f"/ui/jobs/{parent.id}/retry-failed-children", csrf)
     assert r.status_code == 303
     below = (await app.page_jobs(parent_id=parent.id, limit=100)).jobs
@@ -469,15 +469,15 @@ async def test_store_audit_log_minute_stats_and_lease_names(app: Conveyor) -> No
         assert await store.lease_names() == ["a-report", "b-export"]
 
 
-async def test_count_below_counts_children_or_a_whole_tree_exactly(app: Conveyor) -> None:
+async def test_a_parent_reads_with_the_counts_of_the_jobs_below_it(app: Conveyor) -> None:
     parent = await app.submit("fan_out", {"n": 30, "fail": 4})
     async with running_worker(app):
         await settled(parent, Status.FAILED)
-    assert await app.count_below(parent.id) == {"succeeded": 26, "failed": 4}
-    store = await app.store()
-    assert await store.count_below(parent.id, whole_tree=False) == {"succeeded": 26, "failed": 4}
-    child = f"{parent.id}.0"
-    assert await app.count_below(child) == {}
+    below = (await app.get(parent.id)).below
+    assert below is not None
+    assert {k: v for k, v in below.by_status().items() if v} == {"succeeded": 26, "failed": 4}
+    assert (below.done, below.total) == (30, 30)
+    assert (await app.get(f"{parent.id}.0")).below is None
 
 
 async def test_running_by_worker_and_the_overview_count_of_it(

@@ -581,8 +581,8 @@ async def test_the_dashboards_reads_count_what_the_store_holds(
     (root,) = await claim(store, limit=1)
     await store.spawn(Lease("root", root.lease_token), [new("c1"), new("c2")])
     assert await store.running_by_worker() == {"w1": 1}
-    assert await store.count_below("root", whole_tree=False) == {"queued": 2}
-    assert (await store.count_below("root", whole_tree=True)).get("queued") == 2
+    below = (await store.get("root")).below  # type: ignore[union-attr]
+    assert below is not None and (below.queued, below.total) == (2, 2)
     clock.advance(5)
     lag = {q.queue: q for q in await store.queue_lag()}
     assert lag["media"].due == 1 and lag["media"].oldest_age == pytest.approx(5, abs=0.5)
