@@ -357,6 +357,9 @@ async def test_every_job_says_who_submitted_it(app: Conveyor) -> None:
     assert remote.submitted_by == "token:tok1"
     assert child_job.submitted_by == "token:tok1"  # children inherit their root's submitter
     assert again.submitted_by == "token:tok1"
+    app.schedule("nightly", "0 2 * * *", child)
+    await app.sync_schedules()
+    assert (await app.run_schedule("nightly")).submitted_by == "schedule:nightly"
 
 
 async def test_a_cancel_asked_of_a_running_job_survives_a_retry_and_a_rescue(

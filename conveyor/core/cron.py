@@ -296,4 +296,5 @@ def schedule_job(schedule: Schedule, tick: datetime, *, manual: bool = False) ->
         lease=schedule.lease,
         backoff_base=schedule.backoff_base,
         backoff_cap=schedule.backoff_cap,
+        submitted_by=f"schedule:{schedule.name}",
     )
