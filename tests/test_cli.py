@@ -23,7 +23,7 @@ from conveyor.web import create_api
 from tests.apiserver import serving
 
 from .apps.cli import app as cli_app
-from .helpers import eventually
+from .helpers import eventually, running_worker, settled
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cli:app"
@@ -438,3 +438,26 @@ async def test_ctrl_c_while_following_a_job_exits_130_and_leaves_it_alone(
         assert await proc.wait() == 130
     assert f"stopped waiting; job {job.id} is still queued and keeps going" in rest
     assert (await job.refresh()).status is Status.QUEUED
+
+
+async def test_bulk_jobs_in_the_cli_list_show_and_retry_a_tree(app: Conveyor, db_url: str) -> None:
+    root = await app.submit("parts", {"n": 3})
+    async with running_worker(app):
+        await settled(root, Status.FAILED)
+    at = ("--database-url", db_url)
+    top = json.loads((await acli("jobs", "list", "--json", *at)).stdout)["jobs"]
+    every = json.loads((await acli("jobs", "list", "--children", "--json", *at)).stdout)["jobs"]
+    parent = await acli("jobs", "list", "--parent", root.id, "--json", *at)
+    tree = await acli("jobs", "list", "--root", root.id, "--json", *at)
+    assert [j["id"] for j in top] == [root.id] and len(every) == 4
+    assert len(json.loads(parent.stdout)["jobs"]) == len(json.loads(tree.stdout)["jobs"]) == 3
+    shown = await acli("jobs", "show", root.id, *at)
+    assert "3/3 done: 2 succeeded, 1 failed" in shown.stdout, shown.stdout
+    assert "submitted by  local" in shown.stdout and f"{root.id}.2" in shown.stdout
+    document = json.loads((await acli("jobs", "show", root.id, "--json", *at)).stdout)
+    assert document["below"]["total"] == 3 and len(document["children"]) == 3
+    retried = await acli("jobs", "retry", "--failed-children", root.id, *at)
+    assert retried.returncode == 0, retried.stderr
+    assert f"job {root.id}.0 retried as" in retried.stdout
+    assert f"1 failed job(s) below {root.id} retried" in retried.stdout
+    assert (await app.get(root.id)).status is Status.WAITING
