@@ -599,3 +599,28 @@ async def test_the_dashboards_reads_count_what_the_store_holds(
     (entry,) = await store.audit_log(tenant="acme")
     assert (entry.action, entry.target, entry.id is not None) == ("job.cancel", "root", True)
     assert [e.tenant for e in await store.audit_log()] == ["other", "acme"]
+
+
+async def test_failed_jobs_below_a_root_are_retried_in_their_place(store: Store) -> None:
+    await store.submit([new("root")])
+    (root,) = await claim(store, limit=1)
+    await store.spawn(Lease("root", root.lease_token), [new("a"), new("b")])
+    returned = Settlement("root", root.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+    assert await store.settle([returned]) == []
+    for child in await claim(store):
+        failed = Settlement(child.id, child.lease_token, Status.FAILED, Outcome.FAILED, error="x")
+        await store.settle([failed])
+    assert (await store.get("root")).status is Status.FAILED  # type: ignore[union-attr]
+    assert await store.failed_below("root", limit=10) == ["a", "b"]
+    retry = new("a2", parent_id="root", root_id="root", retry_of="a", retry_count=1)
+    twice = new("a3", parent_id="root", root_id="root", retry_of="a", retry_count=1)
+    (again,) = await store.retry_many([("a", retry), ("a", twice)])  # "a" is retried once
+    assert (again.id, again.status) == ("a2", Status.QUEUED)
+    root_now = await store.get("root")
+    assert root_now is not None and root_now.status is Status.WAITING
+    assert root_now.below is not None and (root_now.below.failed, root_now.below.total) == (1, 2)
+    assert [e.event for e in await store.job_events("root")] == ["reopened"]
+    assert await store.failed_below("root", limit=10) == ["b"]
+    noted = await store.note_retry_limit("b", "x; retry limit reached")
+    assert noted is not None and noted.error == "x; retry limit reached"
+    assert await store.note_retry_limit("a2", "not failed") is None

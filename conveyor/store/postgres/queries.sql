@@ -189,8 +189,11 @@ locked AS MATERIALIZED (
 ),
 held AS (
     SELECT j.id, j.cancel_requested,
+           -- A job with children has a row of counts (a primary-key probe of a small
+           -- table: a probe of the parent index can be planned as a scan of every job
+           -- once most jobs share one parent).
            (NOT %(decided)s AND e.status = 'succeeded'
-            AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id)) AS deferred
+            AND EXISTS (SELECT 1 FROM conveyor_job_counts c WHERE c.job_id = j.id)) AS deferred
     FROM locked j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
     WHERE j.status = 'running'
 ),
@@ -592,13 +595,9 @@ WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
 FOR UPDATE;
 
 -- name: waiting_parents
--- Waiting parents none of whose children is unfinished (a safety net for the settle cascade).
-SELECT p.id FROM conveyor_jobs p
-WHERE p.status = 'waiting'
-  AND NOT EXISTS (
-      SELECT 1 FROM conveyor_jobs c
-      WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
-  )
+-- Waiting parents with nothing unfinished below them (a safety net for the settle cascade).
+SELECT p.id FROM conveyor_jobs p JOIN conveyor_job_counts c ON c.job_id = p.id
+WHERE p.status = 'waiting' AND c.pending + c.active + c.waiting = 0
 LIMIT %(limit)s;
 
 -- name: lock_limited_types

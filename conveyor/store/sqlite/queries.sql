@@ -148,9 +148,8 @@ WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
 RETURNING id, attempt, lease_owner, started_at, parent_id, status;
 
 -- name: parents_among
--- Which of the given jobs have children.
-SELECT DISTINCT parent_id FROM conveyor_jobs
-WHERE parent_id IN (SELECT value FROM json_each(:ids));
+-- Which of the given jobs have children (those have a row of counts).
+SELECT job_id FROM conveyor_job_counts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: awaited
 -- Which of the given jobs pending jobs depend on.
@@ -429,13 +428,9 @@ SELECT coalesce(root_id, id) AS root_id FROM conveyor_jobs
 WHERE id = :id AND lease_token = :token AND status = 'running';
 
 -- name: waiting_parents
--- Waiting parents none of whose children is unfinished (a safety net for the settle cascade).
-SELECT p.id FROM conveyor_jobs AS p
-WHERE p.status = 'waiting'
-  AND NOT EXISTS (
-      SELECT 1 FROM conveyor_jobs AS c
-      WHERE c.parent_id = p.id AND c.status IN ('pending', 'queued', 'running', 'waiting')
-  )
+-- Waiting parents with nothing unfinished below them (a safety net for the settle cascade).
+SELECT p.id FROM conveyor_jobs AS p JOIN conveyor_job_counts AS c ON c.job_id = p.id
+WHERE p.status = 'waiting' AND c.pending + c.active + c.waiting = 0
 LIMIT :limit;
 
 -- name: claim_candidates
