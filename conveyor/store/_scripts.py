@@ -332,10 +332,18 @@ def moves_of(changes: Iterable[Change]) -> list[dict[str, Any]]:
     ]
 
 
-def count_moves(moves: Sequence[Mapping[str, Any]]) -> Script[None]:
-    """Carry moves to the counts of every ancestor (no statement when there are none)."""
-    if moves:
-        yield "count_moves", {"moves": json.dumps(list(moves), separators=(",", ":"))}
+# The counts of parents as a transaction last wrote them: its own writes hold their rows'
+# locks until it ends, so these need not be read (and locked) again.
+Known = dict[str, dict[Status, int]]
+
+
+def count_moves(moves: Sequence[Mapping[str, Any]]) -> Script[Known]:
+    """Carry moves to the counts of every ancestor (no statement when there are none);
+    return the ancestors' counts as they are now."""
+    if not moves:
+        return {}
+    rows = yield "count_moves", {"moves": json.dumps(list(moves), separators=(",", ":"))}
+    return {row["job_id"]: counts_by_status(row) for row in rows}
 
 
 def counts_by_status(row: Row | None) -> dict[Status, int]:
@@ -397,9 +405,17 @@ def decide_from_children(settlements: Sequence[Settlement]) -> Script[list[Settl
     return decided
 
 
-def finish_parent(dialect: Dialect, parent_id: str) -> Script[Ended | None]:
-    """End a waiting parent with nothing unfinished below it; return it if it ended."""
-    counts = (yield from lock_counts([parent_id])).get(parent_id, {})
+def finish_parent(
+    dialect: Dialect, parent_id: str, known: Known | None = None
+) -> Script[Ended | None]:
+    """End a waiting parent with nothing unfinished below it; return it if it ended.
+
+    ``known``: counts this transaction wrote last, read here instead of locking again.
+    """
+    if known is not None and parent_id in known:
+        counts = known[parent_id]
+    else:
+        counts = (yield from lock_counts([parent_id])).get(parent_id, {})
     event = children_event(counts)
     if event is None:
         return None
@@ -428,7 +444,7 @@ def cascade(
     ended, after the round's moves are counted; dependents are looked for except of
     ``without_dependents``, known to have none.
     """
-    yield from count_moves(moves)
+    known = yield from count_moves(moves)
     for job_id, _, status in ended:
         if job_id in parents:
             counts = (yield from lock_counts([job_id])).get(job_id, {})
@@ -438,7 +454,7 @@ def cascade(
         round_, todo = todo, []
         changes: list[Change] = []
         for parent_id in sorted({p for _, p, _ in round_ if p is not None}):
-            finished = yield from finish_parent(dialect, parent_id)
+            finished = yield from finish_parent(dialect, parent_id, known)
             if finished is not None:
                 todo.append(finished)
                 changes.append((finished[1], Status.WAITING, finished[2]))
@@ -448,7 +464,7 @@ def cascade(
                 todo.extend(cancelled)
                 changes.extend((p, Status.PENDING, Status.CANCELLED) for _, p, _ in cancelled)
                 changes.extend((p, Status.PENDING, Status.QUEUED) for p in released)
-        yield from count_moves(moves_of(changes))
+        known.update((yield from count_moves(moves_of(changes))))
 
 
 def _carry_to_dependents(

@@ -414,7 +414,8 @@ FOR UPDATE OF c;
 -- Carry jobs' moves between statuses to the counts of every parent above them, in one
 -- statement. %(moves)s is a JSON array of {parent, src, dst, n}: n jobs whose parent is
 -- `parent` left counter `src` (NULL: they are new) for `dst` (NULL: a retry took their
--- place). The walk up stops above a job a retry took the place of. Rows are written
+-- place). The walk up stops above a job a retry took the place of. Returns the rows as
+-- they are now, locked until the transaction ends. Rows are written
 -- deepest first, then by id (see lock_counts), so that two settles of one tree cannot
 -- deadlock on them.
 WITH RECURSIVE
@@ -454,7 +455,8 @@ ORDER BY depth DESC, ancestor
 ON CONFLICT (job_id) DO UPDATE SET
     pending = c.pending + excluded.pending, active = c.active + excluded.active,
     waiting = c.waiting + excluded.waiting, succeeded = c.succeeded + excluded.succeeded,
-    failed = c.failed + excluded.failed, cancelled = c.cancelled + excluded.cancelled;
+    failed = c.failed + excluded.failed, cancelled = c.cancelled + excluded.cancelled
+RETURNING c.*;
 
 -- name: lock_job
 -- One job, locked to change it.

@@ -241,7 +241,8 @@ SELECT * FROM conveyor_job_counts WHERE job_id IN (SELECT value FROM json_each(:
 -- Carry jobs' moves between statuses to the counts of every parent above them, in one
 -- statement. :moves is a JSON array of {parent, src, dst, n}: n jobs whose parent is
 -- `parent` left counter `src` (NULL: they are new) for `dst` (NULL: a retry took their
--- place). The walk up stops above a job a retry took the place of.
+-- place). The walk up stops above a job a retry took the place of. Returns the rows as
+-- they are now, locked until the transaction ends.
 WITH RECURSIVE
 moved (parent, src, dst, n) AS (
     SELECT json_extract(value, '$.parent'), json_extract(value, '$.src'),
@@ -271,7 +272,8 @@ ORDER BY ancestor
 ON CONFLICT (job_id) DO UPDATE SET
     pending = pending + excluded.pending, active = active + excluded.active,
     waiting = waiting + excluded.waiting, succeeded = succeeded + excluded.succeeded,
-    failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled;
+    failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled
+RETURNING *;
 
 -- name: lock_job
 -- One job, to change it (BEGIN IMMEDIATE already holds the write lock).
