@@ -11,10 +11,10 @@ last failed job. See ``docs/trees.md``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from conveyor._handles import JobHandle
-from conveyor.core.ids import new_id
+from conveyor._handles import JobHandle, JobSource
+from conveyor._registry import Registry
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
 from conveyor.errors import (
@@ -24,10 +24,19 @@ from conveyor.errors import (
     RetryLimitReached,
     UnknownJobType,
 )
-from conveyor.store.protocol import JobEvent, JobPageQuery
+from conveyor.store.protocol import JobEvent, JobPageQuery, Store
 
-if TYPE_CHECKING:
-    from conveyor.client import Conveyor
+
+class TreeHost(JobSource, Protocol):
+    """What trees need of the application (a Conveyor satisfies it)."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    async def store(self) -> Store: ...
+
+    def new_job_id(self) -> str: ...
+
 
 # Manual retries of one job (a chain of retries) allowed unless its type says otherwise.
 DEFAULT_RETRY_LIMIT = 10
@@ -38,7 +47,7 @@ BULK_LIMIT = 10_000
 class Trees:
     """Retries and tree reads of one application."""
 
-    def __init__(self, app: Conveyor) -> None:
+    def __init__(self, app: TreeHost) -> None:
         self.app = app
 
     def retry_limit(self, job_type: str) -> int | None:
@@ -63,7 +72,7 @@ class Trees:
         if limit is not None and old.retry_count >= limit:
             await self._refuse(old, limit)
         store = await self.app.store()
-        job = await store.retry(job_id, retry_job(old, new_id(self.app._wallclock()), submitted_by))
+        job = await store.retry(job_id, retry_job(old, self.app.new_job_id(), submitted_by))
         if job is None:
             raise JobNotFound(job_id)
         return JobHandle(self.app, job)
@@ -106,7 +115,7 @@ class Trees:
                     await check(old)
                 except Forbidden:
                     continue
-            new = retry_job(old, new_id(self.app._wallclock()), submitted_by)
+            new = retry_job(old, self.app.new_job_id(), submitted_by)
             retries.append((old.id, new))
         return [JobHandle(self.app, j) for j in await store.retry_many(retries)]
 

@@ -400,6 +400,10 @@ class Conveyor:
             submitted_by=submitted_by,
         )
 
+    def new_job_id(self) -> str:
+        """A new time-sortable job id."""
+        return new_id(self._wallclock())
+
     def _wallclock(self) -> float:
         return self.clock() if self.clock is not None else time.time()
 

@@ -142,7 +142,7 @@ class JobTester:
         cursor: str | None = None
         while True:
             page = await self.app.page_jobs(
-                type=type, newest_first=False, cursor=cursor, limit=1000
+                type=type, include_children=True, newest_first=False, cursor=cursor, limit=1000
             )
             found += [h.record for h in page.jobs]
             if page.next is None:

@@ -43,6 +43,7 @@ LAYERS = [
                 "conveyor.worker",
                 "conveyor._tokens",
                 "conveyor._leases",
+                "conveyor._trees",
             }
         ),
     ),

@@ -97,9 +97,11 @@ async def test_list_jobs_is_the_first_page_of_page_jobs(app: Conveyor) -> None:
     await store.submit(
         [NewJob(id="leaf", type="step", payload={}, parent_id="root", root_id="root")]
     )
-    everything = await app.page_jobs(limit=10)
-    assert [j.id for j in await app.list_jobs()] == [j.id for j in everything.jobs]
+    everything = await app.page_jobs(include_children=True, limit=10)
+    listed = await app.list_jobs(include_children=True)
+    assert [j.id for j in listed] == [j.id for j in everything.jobs]
     assert {j.id for j in everything.jobs} == {"root", "leaf"}
+    assert [j.id for j in await app.list_jobs()] == ["root"]  # top-level jobs by default
     assert [j.id for j in await app.list_jobs(top_level=True)] == ["root"]
     assert [j.id for j in await app.children("root")] == ["leaf"]
     assert [j.id for j in await app.tree("root")] == ["root", "leaf"]

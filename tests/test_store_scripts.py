@@ -83,8 +83,8 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
 ) -> None:
     """A settle whose transaction is under way when the loop blocks still commits.
 
-    The child's settle locks its row, then waits in the cascade for the parent's children
-    lock, which another connection holds. The loop then blocks for 3 s; meanwhile the
+    The child's settle locks its row, then waits in the cascade for the parent's row of
+    counts, which another connection holds locked. The loop then blocks for 3 s; meanwhile the
     holder lets go, and a heartbeat-like UPDATE of the child's row must get its lock
     within 1 s: a transaction driven from the loop would sit 'idle in transaction' with
     the row locked until the loop came back.
@@ -95,9 +95,7 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
     holder = await psycopg.AsyncConnection.connect(postgres_database)
     observer = await psycopg.AsyncConnection.connect(postgres_database, autocommit=True)
     try:
-        await holder.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('conveyor_children'), hashtext('p'))"
-        )
+        await holder.execute("SELECT * FROM conveyor_job_counts WHERE job_id = 'p' FOR UPDATE")
         ending = Settlement(
             job_id=child.job_id,
             token=child.token,
@@ -111,7 +109,7 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
         )
         deadline = time.monotonic() + 10
         while not await (await observer.execute(waiting)).fetchall():
-            assert time.monotonic() < deadline, "the settle never reached the children lock"
+            assert time.monotonic() < deadline, "the settle never reached the parent's counts"
             await asyncio.sleep(0.01)
         seen: dict[str, object] = {}
         probe = threading.Thread(target=_probe, args=(postgres_database, holder, seen))
@@ -127,7 +125,7 @@ async def test_a_blocked_event_loop_holds_no_postgres_transaction_open(
 
 
 def _probe(url: str, holder: Any, seen: dict[str, object]) -> None:
-    """From another thread: release the children lock, then renew the child's row."""
+    """From another thread: release the parent's counts, then renew the child's row."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:

@@ -267,7 +267,6 @@ async def retry_job(request: Request, job_id: JobId, view: Writer) -> Response:
 
 @router.post(
     "/jobs/{job_id}/retry-failed-children",
-    status_code=202,
     response_model=s.RetriedOut,
     summary="Retry every failed job below a job; its failed ancestors wait again",
     tags=["jobs"],
@@ -277,7 +276,7 @@ async def retry_job(request: Request, job_id: JobId, view: Writer) -> Response:
 async def retry_failed_children(request: Request, job_id: JobId, view: Writer) -> Response:
     new = await view.retry_failed_children(job_id)
     prefix = answer.jobs_prefix(request)
-    return JSONResponse({"retried": [job_resource(j, prefix) for j in new]}, status_code=202)
+    return JSONResponse({"retried": [job_resource(j, prefix) for j in new]})
 
 
 @router.get(
