@@ -404,7 +404,7 @@ async def test_rest_422_for_an_unknown_type_speaks_to_the_api_client(app: Convey
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert detail.startswith("unknown job type 'build_reprot' (did you mean 'build_report'?)")
-    assert "this server runs: build_report, explode, sleepy" in detail
+    assert "this server runs: build_report, explode, part, parts, sleepy" in detail
     assert "@app.job" not in detail
 
 
