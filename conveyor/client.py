@@ -727,10 +727,15 @@ class Conveyor:
         return Health(status=status, counts=counts, heartbeat_age=age)
 
     async def create_token(
-        self, *, tenant: str, role: Role | str, name: str | None = None
+        self, *, tenant: str, role: Role | str, name: str | None = None, expires: Any = None
     ) -> tuple[Token, str]:
-        """Create an API token; return it and its secret, which is not kept: show it once."""
-        return await self._tokens.create(tenant=tenant, role=role, name=name)
+        """Create an API token (valid for ``expires``, a duration; None: no expiry); return
+        it and its secret, which is not kept: show it once."""
+        return await self._tokens.create(tenant=tenant, role=role, name=name, expires=expires)
+
+    async def rotate_token(self, token_id: str, *, grace: Any = 0) -> tuple[Token, str]:
+        """Give a token a new secret (shown once); the old one works ``grace`` longer."""
+        return await self._tokens.rotate(token_id, grace=grace)
 
     async def authenticate(self, presented: str) -> Principal | None:
         """Return the principal of a presented API token, or None if it is not valid."""

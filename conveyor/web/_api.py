@@ -12,21 +12,25 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
-from conveyor._handles import Submission
+from conveyor._handles import JobPage, Submission
 from conveyor._registry import json_text_problem
+from conveyor._scoped import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
+from conveyor.web import _pages as pages
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
-from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, conveyor_of
+from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, bearer, conveyor_of
+from conveyor.web._guards import within
 from conveyor.web._metrics import CONTENT_TYPE, render
 from conveyor.web._openapi import header, submit_body
-from conveyor.web._problems import ProblemError
+from conveyor.web._problems import RETRY_AFTER, ProblemError
 from conveyor.web._problems import problem_responses as problems
 
 if TYPE_CHECKING:
@@ -38,6 +42,11 @@ _AUTH_ERRORS = (401, 403, 422, 503)
 
 def _role(needed: Role | None) -> dict[str, Any]:
     return {ROLE_KEY: needed.value if needed else None}
+
+
+def _scope(view: TenantView) -> str:
+    """Whose cursors these are: a tenant's, or every tenant's for an admin."""
+    return "*" if view.principal.is_admin else view.principal.tenant
 
 
 def _options(request: Request) -> ApiOptions:
@@ -145,21 +154,23 @@ async def list_jobs(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Response:
-    found = await view.page(
-        status=status or (),
-        type=type,
-        queue=queue,
-        tenant=tenant,
-        parent_id=parent,
-        root_id=root,
-        created_after=_utc_param("created_after", created_after),
-        created_before=_utc_param("created_before", created_before),
-        include_children=include_children,
-        newest_first=sort == "-created_at",
-        cursor=cursor,
-        limit=limit,
-    )
-    return answer.page(request, found)
+    async def fetch(position: str | None, count: int) -> JobPage:
+        return await view.page(
+            status=status or (),
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=parent,
+            root_id=root,
+            created_after=_utc_param("created_after", created_after),
+            created_before=_utc_param("created_before", created_before),
+            include_children=include_children,
+            newest_first=sort == "-created_at",
+            cursor=position,
+            limit=count,
+        )
+
+    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
 
 
 @router.get(
@@ -175,7 +186,7 @@ async def list_jobs(
             }
         },
         304: {"description": "Not modified since the ETag sent in If-None-Match."},
-        **problems(401, 403, 404, 422, 503),
+        **problems(401, 403, 404, 422, 429, 503),
     },
     openapi_extra=_role(Role.READ),
 )
@@ -198,7 +209,7 @@ async def get_job(
         raise ProblemError(422, f"wait: at most {longest:g} seconds; poll again after that")
     job = await view.get(job_id)
     if wait > 0 and not job.terminal:
-        job = await _wait_for_end(request, job, wait)
+        job = await _wait_for_end(request, job, wait, view.principal.token_id)
     return answer.polled_job(request, job)
 
 
@@ -226,8 +237,12 @@ async def job_attempts(job_id: JobId, view: Reader) -> Response:
 async def job_children(
     request: Request, job_id: JobId, view: Reader, limit: Limit = 50, cursor: Cursor = None
 ) -> Response:
-    found = await view.children(job_id, cursor=cursor, limit=limit)
-    return answer.page(request, found)
+    await view.get(job_id)
+
+    async def fetch(position: str | None, count: int) -> JobPage:
+        return await view.children(job_id, cursor=position, limit=count)
+
+    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
 
 
 @router.post(
@@ -398,18 +413,34 @@ async def live() -> Response:
         503: {
             "model": s.HealthOut,
             "description": "Unhealthy: no fresh worker heartbeat, or no database.",
+            "headers": {"Retry-After": header("Seconds before asking again.")},
         }
     },
     openapi_extra=_role(None),
 )
-async def ready(request: Request) -> Response:
+async def ready(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+) -> Response:
+    app = conveyor_of(request)
+    timeout = _options(request).db_timeout
+    retry = {"Retry-After": RETRY_AFTER}
     try:
-        health = await conveyor_of(request).health()
+        health = await within(timeout, app.health(), "the health check")
     except DatabaseUnavailable as exc:
-        body: dict[str, Any] = dict.fromkeys(s.HealthOut.model_fields)
-        body.update(status="unhealthy", error=str(exc))
-        return JSONResponse(body, status_code=503)
-    return JSONResponse(answer.health(health), status_code=answer.health_status(health))
+        return JSONResponse({"status": "unhealthy", "error": str(exc)}, 503, headers=retry)
+    status = answer.health_status(health)
+    headers = retry if status == 503 else None
+    body = {"status": health.status}
+    # Counts only for a valid token: workers' for any, jobs' for an admin.
+    if credentials is not None:
+        try:
+            found = await authenticate(app, credentials, Role.READ, timeout=timeout)
+        except (ProblemError, DatabaseUnavailable):
+            found = None
+        if found is not None:
+            body = answer.health(health, jobs=found.is_admin)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 @router.get(
@@ -435,14 +466,15 @@ async def prometheus_metrics(request: Request, view: Reader) -> Response:
 # -- reading requests -------------------------------------------------------------------------
 
 
-async def _wait_for_end(request: Request, job: Job, wait: float) -> Job:
+async def _wait_for_end(request: Request, job: Job, wait: float, token_id: str) -> Job:
     """Long-poll: the job once it ends, or as it is after ``wait`` seconds."""
     state = request.app.state
-    state.metrics.long_polls.inc()
-    try:
-        latest: Job | None = await state.waiters.wait(job.id, wait)
-    finally:
-        state.metrics.long_polls.dec()
+    async with state.long_polls.slot(token_id):
+        state.metrics.long_polls.inc()
+        try:
+            latest: Job | None = await state.waiters.wait(job.id, wait)
+        finally:
+            state.metrics.long_polls.dec()
     return latest if latest is not None else (await conveyor_of(request).get(job.id)).record
 
 

@@ -196,20 +196,22 @@ class LiveOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    """The cluster's health (SPEC §9): counts, newest worker heartbeat, and a verdict."""
+    """The cluster's health (SPEC §9): a verdict; with an API token also the workers'
+    counts and newest heartbeat, and with an admin token the job counts."""
 
     status: Literal["healthy", "degraded", "unhealthy"]
-    queued: int | None
-    due: int | None = Field(description="Queued jobs whose run_at has passed.")
-    running: int | None
-    stale_running: int | None = Field(description="Running jobs whose lease expired.")
-    workers: int | None = Field(description="Workers ever registered.")
+    queued: int | None = None
+    due: int | None = Field(None, description="Queued jobs whose run_at has passed.")
+    running: int | None = None
+    stale_running: int | None = Field(None, description="Running jobs whose lease expired.")
+    workers: int | None = Field(None, description="Workers ever registered.")
     live_workers: int | None = Field(
-        description="Workers not stopped whose newest heartbeat is younger than their lease."
+        None,
+        description="Workers not stopped whose newest heartbeat is younger than their lease.",
     )
     dead_workers: int | None = Field(
         None, description="Workers not stopped but silent for longer than their lease."
     )
-    last_heartbeat: datetime | None
-    heartbeat_age: float | None = Field(description="Seconds since the newest heartbeat.")
+    last_heartbeat: datetime | None = None
+    heartbeat_age: float | None = Field(None, description="Seconds since the newest heartbeat.")
     error: str | None = Field(None, description="Why the database could not be read.")
