@@ -235,3 +235,31 @@ def as_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+# The times a job may be scheduled at: every backend stores them, and adding a delay or a
+# backoff to one stays within what datetime holds.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def check_run_at(value: object, name: str = "run_at") -> datetime:
+    """Return ``value`` as a UTC time between 1970 and 9000, or raise ValueError.
+
+    >>> check_run_at(datetime(9999, 12, 31))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: run_at must be between 1970-01-01 and 9000-01-01 (UTC), not 9999-12-31...
+    """
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a datetime, not {value!r}")
+    try:
+        at = as_utc(value)
+    except (OverflowError, ValueError):
+        at = None
+    if at is None or not EARLIEST <= at < LATEST:
+        raise ValueError(
+            f"{name} must be between {EARLIEST.date()} and {LATEST.date()} (UTC), "
+            f"not {value.isoformat()}"
+        )
+    return at

@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
-from fastapi import APIRouter, Header, Path, Query, Request, Security
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
 from conveyor._handles import JobPage, Submission
-from conveyor._registry import json_text_problem
+from conveyor._registry import Registry, json_text_problem
 from conveyor._scoped import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
@@ -26,7 +26,7 @@ from conveyor.errors import DatabaseUnavailable
 from conveyor.web import _pages as pages
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
-from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, bearer, conveyor_of
+from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, conveyor_of
 from conveyor.web._guards import within
 from conveyor.web._metrics import CONTENT_TYPE, render
 from conveyor.web._openapi import header, submit_body
@@ -113,7 +113,7 @@ async def submit_jobs(
     options = _options(request)
     data = _parse_json(await _body(request), options.max_depth)
     listed = isinstance(data, list)
-    submissions = _submissions(data, options.max_batch)
+    submissions = _submissions(data, options.max_batch, conveyor_of(request).registry)
     results = await view.submit(submissions, idempotency_key=idempotency_key, listed=listed)
     return answer.submitted(request, [(h.record, new) for h, new in results], listed=listed)
 
@@ -418,10 +418,7 @@ async def live() -> Response:
     },
     openapi_extra=_role(None),
 )
-async def ready(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
-) -> Response:
+async def ready(request: Request) -> Response:
     app = conveyor_of(request)
     timeout = _options(request).db_timeout
     retry = {"Retry-After": RETRY_AFTER}
@@ -432,8 +429,10 @@ async def ready(
     status = answer.health_status(health)
     headers = retry if status == 503 else None
     body = {"status": health.status}
-    # Counts only for a valid token: workers' for any, jobs' for an admin.
-    if credentials is not None:
+    # Counts only for a valid token (optional here): workers' for any, jobs' for an admin.
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and presented.strip():
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=presented.strip())
         try:
             found = await authenticate(app, credentials, Role.READ, timeout=timeout)
         except (ProblemError, DatabaseUnavailable):
@@ -515,7 +514,27 @@ def _parse_json(body: bytes, max_depth: int) -> Any:
     return data
 
 
-def _submissions(data: Any, max_batch: int) -> list[Submission]:
+def _located(where: list[str | int], exc: pydantic.ValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "loc": [*where, *(p if isinstance(p, int) else str(p) for p in e["loc"])],
+            "msg": e["msg"],
+            "type": e["type"],
+        }
+        for e in exc.errors()
+    ]
+
+
+def _strict_payload(registry: Registry, submission: s.JobSubmission) -> None:
+    """Check a payload as JSON in pydantic's strict mode: over HTTP, ``true`` is not the
+    number 1 and ``"5"`` is not 5 (the job type's own check then runs as for Python)."""
+    job_type = registry.find(submission.type)
+    if job_type is None or not submission.payload:
+        return
+    job_type.model.model_validate_json(json.dumps(submission.payload), strict=True)
+
+
+def _submissions(data: Any, max_batch: int, registry: Registry) -> list[Submission]:
     """The submissions of a body: one JSON object, or a list of them."""
     prefix: list[str | int] | None
     if isinstance(data, dict):
@@ -535,18 +554,17 @@ def _submissions(data: Any, max_batch: int) -> list[Submission]:
     items: list[s.JobSubmission] = []
     errors: list[dict[str, Any]] = []
     for index, item in enumerate(raw):
+        where: list[str | int] = ["body", *(prefix if prefix is not None else [index])]
         try:
-            items.append(s.JobSubmission.model_validate(item))
+            submission = s.JobSubmission.model_validate(item)
+            items.append(submission)
         except pydantic.ValidationError as exc:
-            where: list[str | int] = ["body", *(prefix if prefix is not None else [index])]
-            errors.extend(
-                {
-                    "loc": [*where, *(p if isinstance(p, int) else str(p) for p in e["loc"])],
-                    "msg": e["msg"],
-                    "type": e["type"],
-                }
-                for e in exc.errors()
-            )
+            errors.extend(_located(where, exc))
+            continue
+        try:
+            _strict_payload(registry, submission)
+        except pydantic.ValidationError as exc:
+            errors.extend(_located([*where, "payload"], exc))
     if errors:
         described = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5]

@@ -7,8 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor.core.ids import ID_PATTERN, check_job_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import as_utc
+from conveyor.core.model import as_utc, check_run_at
 
 # The one pattern for strings the API accepts: any text without NUL, which databases refuse.
 NUL_FREE = r"^[^\x00]*$"
@@ -44,18 +45,36 @@ class JobSubmission(BaseModel):
         None,
         min_length=1,
         max_length=200,
-        pattern=NUL_FREE,
-        description="A client id: submitting the same id again returns the existing job.",
+        json_schema_extra={"pattern": ID_PATTERN},
+        description=(
+            "A client id: submitting the same id again returns the existing job. Letters, "
+            "digits and . _ : @ + = - (starting with a letter or digit)."
+        ),
     )
     queue: str | None = Field(None, min_length=1, max_length=100, pattern=NUL_FREE)
-    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000, description="Lower runs first.")
-    run_at: datetime | None = Field(None, description="Not before this time.")
-    delay: float | None = Field(
-        None, ge=0, le=10 * 365 * 86400, allow_inf_nan=False, description="Seconds from now."
+    # Numbers are strict: true or "5" is not a number.
+    priority: int | None = Field(
+        None, ge=-1_000_000, le=1_000_000, strict=True, description="Lower runs first."
     )
-    max_attempts: int | None = Field(None, ge=1, le=1000)
+    run_at: datetime | None = Field(
+        None, description="Not before this time (between 1970 and 9000, UTC)."
+    )
+    delay: float | None = Field(
+        None,
+        ge=0,
+        le=10 * 365 * 86400,
+        allow_inf_nan=False,
+        strict=True,
+        description="Seconds from now.",
+    )
+    max_attempts: int | None = Field(None, ge=1, le=1000, strict=True)
     timeout: float | None = Field(
-        None, gt=0, le=365 * 86400, allow_inf_nan=False, description="Seconds per attempt."
+        None,
+        gt=0,
+        le=365 * 86400,
+        allow_inf_nan=False,
+        strict=True,
+        description="Seconds per attempt.",
     )
     unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=NUL_FREE)
     depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NUL_FREE)]] = Field(
@@ -67,10 +86,15 @@ class JobSubmission(BaseModel):
         description="Admin tokens only: submit for another tenant (default: the token's).",
     )
 
+    @field_validator("id")
+    @classmethod
+    def _client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_job_id(value)
+
     @field_validator("run_at")
     @classmethod
     def _run_at_utc(cls, value: datetime | None) -> datetime | None:
-        return utc(value)
+        return None if value is None else check_run_at(value)
 
 
 class ProgressOut(BaseModel):
