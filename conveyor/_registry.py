@@ -125,8 +125,12 @@ class JobType:
         if options.isolation == "process":
             importable_name(fn, options.name)
 
-    def validate(self, payload: object) -> dict[str, Any]:
-        """Check ``payload`` against the handler's signature; return it as stored (JSON)."""
+    def validate(self, payload: object, *, strict: bool = False) -> dict[str, Any]:
+        """Check ``payload`` against the handler's signature; return it as stored (JSON).
+
+        ``strict``: as JSON in pydantic's strict mode (``true`` is not 1, ``"5"`` not 5),
+        as the REST API checks what clients send.
+        """
         if not isinstance(payload, Mapping):
             raise InvalidPayload(
                 self.name, f"a payload is a JSON object of keyword arguments, not {payload!r}"
@@ -135,6 +139,8 @@ class JobType:
             return {}
         _check_json_text(self.name, payload)
         try:
+            if strict:
+                self.model.model_validate_json(json.dumps(dict(payload)), strict=True)
             model = self.model.model_validate(dict(payload))
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
