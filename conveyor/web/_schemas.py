@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.core.ids import ID_PATTERN, check_job_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import as_utc, check_run_at
+from conveyor.core.model import RUN_AT_PATTERN, as_utc, check_run_at
 
 # The one pattern for strings the API accepts: any text without NUL, which databases refuse.
 NUL_FREE = r"^[^\x00]*$"
@@ -56,8 +56,8 @@ class JobSubmission(BaseModel):
     priority: int | None = Field(
         None, ge=-1_000_000, le=1_000_000, strict=True, description="Lower runs first."
     )
-    run_at: datetime | None = Field(
-        None, description="Not before this time (between 1970 and 9000, UTC)."
+    run_at: Annotated[datetime, Field(json_schema_extra={"pattern": RUN_AT_PATTERN})] | None = (
+        Field(None, description="Not before this time (in the years 2000 to 8999).")
     )
     delay: float | None = Field(
         None,
