@@ -140,7 +140,8 @@ class JobType:
         _check_json_text(self.name, payload)
         try:
             if strict:
-                self.model.model_validate_json(json.dumps(dict(payload)), strict=True)
+                as_json = json.dumps(_integral(dict(payload)))
+                self.model.model_validate_json(as_json, strict=True)
             model = self.model.model_validate(dict(payload))
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
@@ -205,6 +206,17 @@ def _check_json_text(job_type: str, value: object, *, max_depth: int | None = No
     problem = json_text_problem(value, max_depth=max_depth)
     if problem is not None:
         raise InvalidPayload(job_type, problem)
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with its whole floats as ints: 5.0 is the integer 5 (as in JSON Schema)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def _describe(exc: pydantic.ValidationError) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from conveyor.core.ids import ID_PATTERN, check_job_id
 from conveyor.core.lifecycle import Status
@@ -30,6 +30,15 @@ def utc(value: datetime | None) -> datetime | None:
         return edge.replace(tzinfo=UTC)
 
 
+def _a_number(value: Any) -> Any:
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON number, not a boolean or a string")
+    return value
+
+
+_NUMBER = BeforeValidator(_a_number)
+
+
 class JobSubmission(BaseModel):
     """One job to submit; only ``type`` is required."""
 
@@ -52,29 +61,19 @@ class JobSubmission(BaseModel):
         ),
     )
     queue: str | None = Field(None, min_length=1, max_length=100, pattern=NUL_FREE)
-    # Numbers are strict: true or "5" is not a number.
-    priority: int | None = Field(
-        None, ge=-1_000_000, le=1_000_000, strict=True, description="Lower runs first."
+    # Numbers are numbers: true or "5" is not one (5.0 is, as in JSON Schema).
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000), _NUMBER] | None = Field(
+        None, description="Lower runs first."
     )
     run_at: Annotated[datetime, Field(json_schema_extra={"pattern": RUN_AT_PATTERN})] | None = (
         Field(None, description="Not before this time (in the years 2000 to 8999).")
     )
-    delay: float | None = Field(
-        None,
-        ge=0,
-        le=10 * 365 * 86400,
-        allow_inf_nan=False,
-        strict=True,
-        description="Seconds from now.",
-    )
-    max_attempts: int | None = Field(None, ge=1, le=1000, strict=True)
-    timeout: float | None = Field(
-        None,
-        gt=0,
-        le=365 * 86400,
-        allow_inf_nan=False,
-        strict=True,
-        description="Seconds per attempt.",
+    delay: (
+        Annotated[float, Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False), _NUMBER] | None
+    ) = Field(None, description="Seconds from now.")
+    max_attempts: Annotated[int, Field(ge=1, le=1000), _NUMBER] | None = None
+    timeout: Annotated[float, Field(gt=0, le=365 * 86400, allow_inf_nan=False), _NUMBER] | None = (
+        Field(None, description="Seconds per attempt.")
     )
     unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=NUL_FREE)
     depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NUL_FREE)]] = Field(
