@@ -87,7 +87,7 @@ class RemoteClient:
             )
         if not token:
             raise ConfigurationError(
-                "a remote server needs an API token: pass --token or set CONVEYOR_TOKEN "
+                "a remote server needs an API token: set CONVEYOR_TOKEN or pass --token-file "
                 "(create one on the server with `conveyor tokens create`)"
             )
         self.url = url.rstrip("/")
