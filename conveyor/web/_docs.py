@@ -3,7 +3,7 @@
 The page itself holds nothing but a sign-in form: it fetches ``/openapi.json`` with the
 token typed in (the document needs a token of any role), and Swagger UI then sends that
 token with the requests it tries, to this server only. Swagger UI's own files come from
-the ``swagger-ui-bundle`` package (Apache-2.0).
+the ``swagger-ui-bundle-v2`` package (Swagger UI 5, Apache-2.0; OpenAPI 3.1).
 """
 
 from __future__ import annotations
