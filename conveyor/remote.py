@@ -165,14 +165,22 @@ class RemoteClient:
         top_level: bool = False,
         limit: int = 50,
     ) -> list[RemoteJob]:
-        """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: the first page of
-        ``GET /jobs``, children included unless ``top_level``."""
+        """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: ``GET /jobs``,
+        children included unless ``top_level``, following ``next`` while the server's
+        byte limit on pages cut one short of ``limit``."""
         params: list[tuple[str, str]] = [("status", s) for s in status]
         params += [(k, v) for k, v in (("type", type), ("queue", queue)) if v is not None]
         params.append(("include_children", "false" if top_level else "true"))
         params.append(("limit", str(limit)))
         response = await self._call("GET", "/jobs", params=params)
-        return [self._job(j) for j in response.json()["jobs"]]
+        found = [self._job(j) for j in response.json()["jobs"]]
+        following = response.json().get("next")
+        while following and len(found) < limit:
+            # The link is the server's own path (with any mount prefix): join it absolutely.
+            response = await self._call("GET", str(httpx.URL(self.url).join(following)))
+            found += [self._job(j) for j in response.json()["jobs"]]
+            following = response.json().get("next")
+        return found[:limit]
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         response = await self._call("GET", f"{_path(job_id)}/attempts", job_id=job_id)

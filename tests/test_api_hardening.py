@@ -19,7 +19,9 @@ import pytest
 
 from conveyor import Conveyor
 from conveyor.errors import ConfigurationError, InvalidPayload
+from conveyor.remote import RemoteClient
 from conveyor.web import ApiOptions, create_api
+from tests.apiserver import serving
 from tests.apps.api import build
 from tests.servers import Relay
 
@@ -324,3 +326,30 @@ async def test_with_the_sqlite_file_locked_the_api_answers_503_within_its_timeou
             assert (await c.get("/jobs", headers=read)).status_code == 200
     finally:
         await app.close()
+
+
+# -- pages limited in bytes ---------------------------------------------------------------------
+
+
+async def test_pages_stop_at_the_byte_limit_and_clients_follow_them(app: Conveyor) -> None:
+    for n in range(12):
+        await app.submit("explode", {"message": f"{n:02d}" + "x" * 30_000}, tenant="acme")
+    read = await bearer(app, "acme", "read")
+    options = ApiOptions(max_page_bytes=64 * 1024)
+    async with client_of(app, options) as c:
+        seen: list[str] = []
+        url: str | None = "/jobs?limit=1000"
+        pages = 0
+        while url is not None:
+            r = await c.get(url, headers=read)
+            assert r.status_code == 200 and len(r.content) <= 64 * 1024
+            seen += [job["id"] for job in r.json()["jobs"]]
+            url = r.json()["next"]
+            pages += 1
+        assert len(seen) == len(set(seen)) == 12 and pages >= 6
+    served = build(str(app.url))  # the server's own instance: it runs on a loop of its own
+    with serving(served, create_api(served, options=options)) as server:
+        secret = read["Authorization"].split()[1]
+        async with RemoteClient(server.base_url, secret) as remote:
+            jobs = await remote.list_jobs(limit=7)
+    assert len(jobs) == 7 and [j.id for j in jobs] == seen[:7]

@@ -141,13 +141,14 @@ async def test_cli_creates_rotates_and_lists_tokens(app: Conveyor, db_url: str) 
 
 
 async def test_cli_reads_the_token_from_the_environment_or_a_file(
-    app: Conveyor, tmp_path: Path
+    app: Conveyor, db_url: str, tmp_path: Path
 ) -> None:
     await app.submit("add", {"a": 1, "b": 2}, tenant="acme")
     _, secret = await app.create_token(tenant="acme", role="read")
     file = tmp_path / "token"
     file.write_text(secret + "\n")
-    with serving(app, create_api(app)) as server:
+    served = build(db_url)  # the server's own instance: it runs on a loop of its own
+    with serving(served, create_api(served)) as server:
         url = server.base_url
         by_file = await run("jobs", "list", "--json", "--url", url, "--token-file", str(file))
         assert by_file.returncode == 0, by_file.stderr

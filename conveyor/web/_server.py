@@ -58,7 +58,8 @@ class GuardedConfig(uvicorn.Config):
             app,
             http=GuardedH11,
             timeout_keep_alive=max(1, round(limits.keep_alive)),
-            limit_concurrency=limits.max_connections,
+            # Connections over the cap are closed when accepted (GuardedH11): every open
+            # one is served, so uvicorn's own cap (503 to all at the cap) stays off.
             backlog=limits.backlog,
             h11_max_incomplete_event_size=limits.max_header_bytes,
             # X-Forwarded-For/-Proto are believed only from the proxies named.
