@@ -1076,7 +1076,7 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
         ("--backlog", 512, int, "Connections the kernel queues before they are accepted."),
         ("--max-long-polls", 1000, int, "Requests waiting (?wait=) at once; 429 above it."),
         ("--max-long-polls-per-token", 20, int, "Requests waiting (?wait=) at once per token."),
-        ("--db-timeout", 1.0, float, "Seconds to check a token or health; 503 when slower."),
+        ("--db-timeout", 0.5, float, "Seconds to check a token or health; 503 when slower."),
     ]
     for flag, default, kind, text in reversed(limits):
         command = click.option(flag, default=default, type=kind, show_default=True, help=text)(

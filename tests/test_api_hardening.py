@@ -278,7 +278,7 @@ async def _answers_503_at_once(c: httpx.AsyncClient, path: str, headers: dict[st
     elapsed = time.monotonic() - started
     assert r.status_code == 503, r.text
     assert r.headers["Retry-After"] == "2"
-    # db_timeout is 1 s; the margin is for a loaded machine (before: 5 s and a 500).
+    # db_timeout is 0.5 s; the margin is for a loaded machine (before: 5 s and a 500).
     assert elapsed < 3.0, elapsed
 
 

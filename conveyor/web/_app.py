@@ -34,7 +34,7 @@ class ApiOptions:
     max_page_bytes: int = 4 * 1024 * 1024  # a page of jobs stops before this many bytes
     max_long_polls: int = 1000  # requests waiting at once for jobs to end (?wait=): 429 over
     max_long_polls_per_token: int = 20  # the same, per API token
-    db_timeout: float = 1.0  # checking a token or health: 503 if the database is slower
+    db_timeout: float = 0.5  # checking a token or health: 503 if the database is slower
     cursor_key: bytes | None = None  # signs list cursors; None: the database's own secret
 
     def __post_init__(self) -> None:

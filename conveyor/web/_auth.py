@@ -46,7 +46,7 @@ async def authenticate(
     credentials: HTTPAuthorizationCredentials | None,
     role: Role,
     *,
-    timeout: float = 1.0,
+    timeout: float = 0.5,
 ) -> Principal:
     """Return the principal of the request's token; 401 without a valid one, 403 if its
     role is below ``role``, 503 if the database does not answer within ``timeout``."""
