@@ -729,8 +729,7 @@ class Conveyor:
     async def create_token(
         self, *, tenant: str, role: Role | str, name: str | None = None, expires: Any = None
     ) -> tuple[Token, str]:
-        """Create an API token (valid for ``expires``, a duration; None: no expiry); return
-        it and its secret, which is not kept: show it once."""
+        """Create an API token (``expires``: a duration; None: never); show its secret once."""
         return await self._tokens.create(tenant=tenant, role=role, name=name, expires=expires)
 
     async def rotate_token(self, token_id: str, *, grace: Any = 0) -> tuple[Token, str]:
