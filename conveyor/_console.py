@@ -319,9 +319,10 @@ def schedules_table(found: Sequence[ScheduleInfo]) -> Table:
     return table
 
 
-def tokens_table(found: Sequence[Token]) -> Table:
+def tokens_table(found: Sequence[Token], now: datetime) -> Table:
     table = Table(title=f"{len(found)} token(s)", title_justify="left")
-    for column in ("id", "tenant", "role", "name", "created", "last used", "revoked"):
+    columns = ("id", "tenant", "role", "name", "state", "created", "expires", "last used")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for t in found:
         table.add_row(
@@ -329,11 +330,16 @@ def tokens_table(found: Sequence[Token]) -> Table:
             t.tenant,
             t.role.value,
             t.name or "",
-            t.created_at.isoformat(timespec="seconds"),
-            t.last_used_at.isoformat(timespec="seconds") if t.last_used_at else "",
-            t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else "",
+            t.state_at(now),
+            _when(t.created_at),
+            _when(t.expires_at) or "never",
+            _when(t.last_used_at) or "never",
         )
     return table
+
+
+def _when(at: datetime | None) -> str:
+    return at.isoformat(timespec="seconds") if at else ""
 
 
 def queues_table(queues: Sequence[QueueInfo]) -> Table:

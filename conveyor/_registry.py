@@ -133,8 +133,12 @@ class JobType:
         if options.isolation == "process":
             importable_name(fn, options.name)
 
-    def validate(self, payload: object) -> dict[str, Any]:
-        """Check ``payload`` against the handler's signature; return it as stored (JSON)."""
+    def validate(self, payload: object, *, strict: bool = False) -> dict[str, Any]:
+        """Check ``payload`` against the handler's signature; return it as stored (JSON).
+
+        ``strict``: as JSON in pydantic's strict mode (``true`` is not 1, ``"5"`` not 5),
+        as the REST API checks what clients send.
+        """
         if not isinstance(payload, Mapping):
             raise InvalidPayload(
                 self.name, f"a payload is a JSON object of keyword arguments, not {payload!r}"
@@ -143,6 +147,9 @@ class JobType:
             return {}
         _check_json_text(self.name, payload)
         try:
+            if strict:
+                as_json = json.dumps(_integral(dict(payload)))
+                self.model.model_validate_json(as_json, strict=True)
             model = self.model.model_validate(dict(payload))
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
@@ -207,6 +214,17 @@ def _check_json_text(job_type: str, value: object, *, max_depth: int | None = No
     problem = json_text_problem(value, max_depth=max_depth)
     if problem is not None:
         raise InvalidPayload(job_type, problem)
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with its whole floats as ints: 5.0 is the integer 5 (as in JSON Schema)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def _describe(exc: pydantic.ValidationError) -> str:

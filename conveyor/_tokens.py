@@ -11,6 +11,7 @@ import inspect
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
 
 from conveyor._registry import Registry
 from conveyor.core.auth import (
@@ -23,6 +24,7 @@ from conveyor.core.auth import (
     secret_matches,
     split_token,
 )
+from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON
 from conveyor.errors import ConfigurationError, Forbidden, TokenNotFound
 from conveyor.store import Store
@@ -42,9 +44,16 @@ class Tokens:
         self._touched: dict[str, float] = {}  # token id -> monotonic time written
 
     async def create(
-        self, *, tenant: str, role: Role | str, name: str | None = None
+        self,
+        *,
+        tenant: str,
+        role: Role | str,
+        name: str | None = None,
+        expires: Duration | None = None,
     ) -> tuple[Token, str]:
-        """Create an API token; return it and its secret, which is not kept: show it once."""
+        """Create an API token, valid for ``expires`` (a duration; None: until revoked);
+        return it and its secret, which is not kept: show it once."""
+        lifetime = _duration("expires", expires, minimum=1.0) if expires is not None else None
         try:
             check_tenant(tenant)
             role = Role(role)
@@ -57,13 +66,15 @@ class Tokens:
         token_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         store = await self._store()
+        now = await store.now()
         token = Token(
             id=token_id,
             tenant=tenant,
             role=role,
             secret_hash=hash_secret(secret),
             name=name,
-            created_at=await store.now(),
+            created_at=now,
+            expires_at=None if lifetime is None else now + timedelta(seconds=lifetime),
         )
         await store.create_token(token)
         return token, format_token(token_id, secret)
@@ -71,8 +82,9 @@ class Tokens:
     async def authenticate(self, presented: str) -> Principal | None:
         """Return the principal of a presented API token, or None if it is not valid.
 
-        Unknown, malformed and revoked tokens are all None. The secret's digest is compared
-        in constant time; ``last_used_at`` is written at most once a minute per token.
+        Unknown, malformed, revoked and expired tokens are all None, and so is a rotated
+        token's old secret after its grace. The secret's digest is compared in constant
+        time; ``last_used_at`` is written at most once a minute per token.
         """
         parts = split_token(presented)
         if parts is None:
@@ -81,7 +93,13 @@ class Tokens:
         store = await self._store()
         token = await store.find_token(token_id)
         matches = secret_matches(secret, token.secret_hash if token else _NO_SECRET)
-        if token is None or not matches or not token.active:
+        if token is None or not token.active:
+            return None
+        if token.expires_at is not None or token.previous_hash is not None:
+            at = await store.now()  # only tokens that can expire pay for the clock
+            if not token.valid_at(at) or not token.matches(secret, at):
+                return None
+        elif not matches:
             return None
         now = time.monotonic()
         if now - self._touched.get(token_id, -TOUCH_EVERY) >= TOUCH_EVERY:
@@ -92,6 +110,20 @@ class Tokens:
     async def list(self) -> list[Token]:
         """Return every API token (revoked ones too), newest first."""
         return await (await self._store()).list_tokens()
+
+    async def rotate(self, token_id: str, *, grace: Duration = 0) -> tuple[Token, str]:
+        """Give a live token a new secret and return it (shown once); the old secret keeps
+        working for ``grace`` (a duration; 0: stops at once)."""
+        period = _duration("grace", grace, minimum=0.0)
+        store = await self._store()
+        secret = secrets.token_urlsafe(32)
+        until = await store.now() + timedelta(seconds=period) if period > 0 else None
+        token = await store.rotate_token(
+            token_id, secret_hash=hash_secret(secret), grace_until=until
+        )
+        if token is None:
+            raise TokenNotFound(token_id)
+        return token, format_token(token_id, secret)
 
     async def revoke(self, token_id: str) -> Token:
         """Revoke an API token: requests bearing it are refused from now on."""
@@ -128,3 +160,16 @@ class Tokens:
                 f"tenant {principal.tenant!r} may not submit {type!r} jobs with this payload "
                 "(refused by the job type's authorisation check)"
             )
+
+
+def _duration(name: str, value: Duration, *, minimum: float) -> float:
+    """A duration option in seconds, at least ``minimum`` and at most ten years."""
+    try:
+        result = seconds(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from None
+    if not minimum <= result <= 10 * 366 * 86_400:
+        raise ConfigurationError(
+            f"{name} must be between {minimum:g} seconds and ten years, not {value!r}"
+        )
+    return result

@@ -30,9 +30,11 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.live import Live
 from rich.text import Text
 
@@ -54,8 +56,10 @@ from conveyor._console import (
     workers_table,
 )
 from conveyor.client import Conveyor, Health
+from conveyor.core.auth import Token
 from conveyor.core.durations import seconds
 from conveyor.core.health import no_live_worker
+from conveyor.core.ids import check_job_id
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt
 from conveyor.errors import (
@@ -235,8 +239,39 @@ _token_option = click.option(
     "--token",
     envvar="CONVEYOR_TOKEN",
     metavar="TOKEN",
-    help="API token for --url (env CONVEYOR_TOKEN).",
+    help="API token for --url, better given as env CONVEYOR_TOKEN or --token-file: on the "
+    "command line it is visible to other users of the machine (ps, shell history).",
 )
+_token_file_option = click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=str),
+    envvar="CONVEYOR_TOKEN_FILE",
+    help="Read the API token for --url from this file (env CONVEYOR_TOKEN_FILE).",
+)
+
+
+def _resolve_token(token: str | None, token_file: str | None) -> str | None:
+    """The API token from --token-file, CONVEYOR_TOKEN or --token (warned about: argv is
+    visible to every user of the machine)."""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                text = f.read().strip()
+        except OSError as exc:
+            _fail(f"cannot read --token-file {token_file!r}: {exc.strerror}", EXIT_USAGE)
+        if not text:
+            _fail(f"--token-file {token_file!r} is empty: put the API token in it", EXIT_USAGE)
+        return text
+    context = click.get_current_context(silent=True)
+    if token and context is not None:
+        source = context.get_parameter_source("token")
+        if source is ParameterSource.COMMANDLINE:
+            err_console.print(
+                "warning: --token on the command line is visible to other users (ps, shell "
+                "history); set CONVEYOR_TOKEN or use --token-file instead",
+                highlight=False,
+            )
+    return token
 
 
 _json_option = click.option(
@@ -681,14 +716,17 @@ def _jobs_target(
             database_url: str | None,
             server_url: str | None,
             token: str | None,
+            token_file: str | None,
             **kwargs: Any,
         ) -> None:
+            token = _resolve_token(token, token_file)
             target = Target.choose(
                 app_spec, database_url, server_url, token, must_exist=not creates
             )
             command(*args, target=target, **kwargs)
 
-        for option in (_token_option, _server_option, _url_option, _app_option):
+        options = (_token_file_option, _token_option, _server_option, _url_option, _app_option)
+        for option in options:
             with_target = option(with_target)
         return with_target
 
@@ -727,10 +765,25 @@ def _parse_payload(text: str) -> dict[str, Any]:
     return payload
 
 
+def _client_id(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_job_id(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--id") from None
+
+
 @main.command()
 @click.argument("job_type", metavar="TYPE")
 @click.option("--payload", "-p", default="{}", help="JSON object of keyword arguments.")
-@click.option("--id", "job_id", default=None, help="Client id (idempotent).")
+@click.option(
+    "--id",
+    "job_id",
+    default=None,
+    callback=lambda _ctx, _param, value: _client_id(value),
+    help="Client id (idempotent): letters, digits and . _ : @ + = -",
+)
 @click.option("--queue", default=None, help="Queue (default: the type's).")
 @click.option("--priority", type=int, default=None, help="Lower runs first.")
 @click.option("--delay", type=DURATION, default=None, help="Run after a delay such as 30s or 5m.")
@@ -1058,6 +1111,35 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The limits of ``conveyor serve``, each with its default (docs/security.md)."""
+    limits = [
+        ("--max-body", 1024 * 1024, int, "Largest request body, in bytes (413 above it)."),
+        ("--max-page-bytes", 4 * 1024 * 1024, int, "A page of jobs stops before this many bytes."),
+        ("--request-timeout", 10.0, float, "Seconds for a request's head and body to arrive."),
+        ("--keep-alive-timeout", 5.0, float, "Seconds an idle kept-alive connection stays open."),
+        ("--max-connections", 1000, int, "Open connections; more are closed (503 at the cap)."),
+        ("--backlog", 512, int, "Connections the kernel queues before they are accepted."),
+        ("--max-long-polls", 1000, int, "Requests waiting (?wait=) at once; 429 above it."),
+        ("--max-long-polls-per-token", 20, int, "Requests waiting (?wait=) at once per token."),
+        ("--db-timeout", 0.5, float, "Seconds to check a token or health; 503 when slower."),
+    ]
+    for flag, default, kind, text in reversed(limits):
+        command = click.option(flag, default=default, type=kind, show_default=True, help=text)(
+            command
+        )
+    command = click.option(
+        "--forwarded-allow-ips",
+        default=None,
+        envvar="CONVEYOR_FORWARDED_ALLOW_IPS",
+        help="Comma-separated addresses of reverse proxies whose X-Forwarded-For/-Proto are "
+        "believed ('*': any). Default: none, the headers are ignored.",
+    )(command)
+    return click.option(
+        "--docs/--no-docs", default=True, show_default=True, help="Serve Swagger UI at /docs."
+    )(command)
+
+
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
@@ -1086,12 +1168,7 @@ def _is_loopback(host: str) -> bool:
     show_default=True,
     help="With --with-worker: jobs run at once.",
 )
-@click.option(
-    "--max-body",
-    default=1024 * 1024,
-    show_default=True,
-    help="Largest request body accepted, in bytes (413 above it).",
-)
+@_limit_options
 @_log_format_option
 def serve(
     app_spec: str,
@@ -1100,18 +1177,21 @@ def serve(
     port: int,
     with_worker: bool,
     concurrency: int,
-    max_body: int,
     log_format: str,
+    **limits: Any,
 ) -> None:
     """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
 
-    Every route but /health needs a bearer token. Bound to an address other than
-    loopback, serve refuses to start until a token exists (conveyor tokens create); on
-    loopback with no token it creates an admin token and prints it once. SIGTERM or
-    SIGINT stops the server, then the worker hands its running jobs back.
+    Every route but /health needs a bearer token (/docs asks for one). Bound to an
+    address other than loopback, serve refuses to start until a token exists (conveyor
+    tokens create); on loopback with no token it creates an admin token and prints it
+    once. The limits below keep hostile clients from exhausting the server (see
+    docs/security.md). SIGTERM or SIGINT stops the server, then the worker hands its
+    running jobs back.
     """
     try:
         from conveyor.web import ApiOptions, create_api
+        from conveyor.web._server import ServerLimits
     except ImportError as exc:
         _fail(
             f'serve needs the web extra ({exc.name} is not installed): pip install "conveyor[web]"',
@@ -1121,11 +1201,26 @@ def serve(
     app = _app_from(app_spec, database_url)
     _setup_logging(logging.getLogger().level, log_format)
     try:
-        api = create_api(app, options=ApiOptions(max_body_bytes=max_body))
+        server_limits = ServerLimits(
+            request_timeout=limits["request_timeout"],
+            keep_alive=limits["keep_alive_timeout"],
+            max_connections=limits["max_connections"],
+            backlog=limits["backlog"],
+            forwarded_allow_ips=limits["forwarded_allow_ips"],
+        )
+        api_options = ApiOptions(
+            max_body_bytes=limits["max_body"],
+            max_page_bytes=limits["max_page_bytes"],
+            max_long_polls=limits["max_long_polls"],
+            max_long_polls_per_token=limits["max_long_polls_per_token"],
+            db_timeout=limits["db_timeout"],
+            docs=limits["docs"],
+        )
+        api = create_api(app, options=api_options)
         options = WorkerOptions(concurrency=concurrency) if with_worker else None
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
-    _run(_serve(app, api, host, port, options))
+    _run(_serve(app, api, host, port, options, server_limits))
 
 
 def _check_port(host: str, port: int) -> None:
@@ -1151,9 +1246,16 @@ def _check_port(host: str, port: int) -> None:
 
 
 async def _serve(
-    app: Conveyor, api: Any, host: str, port: int, worker_options: WorkerOptions | None
+    app: Conveyor,
+    api: Any,
+    host: str,
+    port: int,
+    worker_options: WorkerOptions | None,
+    limits: Any,
 ) -> None:
     import uvicorn
+
+    from conveyor.web._server import GuardedConfig
 
     if not [t for t in await app.list_tokens() if t.active]:
         if not _is_loopback(host):
@@ -1173,8 +1275,8 @@ async def _serve(
         console.print(secret, highlight=False)
         console.file.flush()
     # log_config=None: uvicorn's lines go through the handlers set up above.
-    config = uvicorn.Config(
-        api, host=host, port=port, lifespan="off", log_level="info", log_config=None
+    config = GuardedConfig(
+        api, limits=limits, host=host, port=port, lifespan="off", log_level="info", log_config=None
     )
     server = uvicorn.Server(config)
     running: asyncio.Task[None] | None = None
@@ -1209,15 +1311,66 @@ def tokens() -> None:
     help="read: see jobs; write: also submit, cancel, retry; admin: every tenant, queues.",
 )
 @click.option("--name", default=None, help="A note saying who or what uses the token.")
+@click.option(
+    "--expires",
+    default=None,
+    metavar="DURATION",
+    help="The token stops working after this long, e.g. 30d, 12h (default: never).",
+)
 def tokens_create(
-    app_spec: str | None, database_url: str | None, tenant: str, role: str, name: str | None
+    app_spec: str | None,
+    database_url: str | None,
+    tenant: str,
+    role: str,
+    name: str | None,
+    expires: str | None,
 ) -> None:
     """Create an API token and print it (on stdout, alone, this once only)."""
     app = _app_from(app_spec, database_url)
-    token, secret = _run(app.create_token(tenant=tenant, role=role, name=name))
+    token, secret = _run(app.create_token(tenant=tenant, role=role, name=name, expires=expires))
+    until = (
+        f", expiring {token.expires_at.isoformat(timespec='seconds')}" if token.expires_at else ""
+    )
     err_console.print(
-        f"created token {token.id} for tenant {token.tenant!r} with role {token.role.value}; "
-        "store it now, it is not shown again:"
+        f"created token {token.id} for tenant {token.tenant!r} with role {token.role.value}"
+        f"{until}; store it now, it is not shown again:"
+    )
+    console.print(secret, highlight=False)
+
+
+@tokens.command("rotate")
+@click.argument("token_id", metavar="ID")
+@_app_option
+@_url_option
+@click.option(
+    "--grace",
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="How long the old secret keeps working beside the new one, e.g. 10m.",
+)
+def tokens_rotate(
+    token_id: str, app_spec: str | None, database_url: str | None, grace: str
+) -> None:
+    """Give the token ID a new secret and print it (once); the old secret stops working
+    (after --grace). The token keeps its id, tenant, role and expiry."""
+    app = _app_from(app_spec, database_url, must_exist=True)
+
+    async def go() -> tuple[Token, str]:
+        try:
+            return await app.rotate_token(token_id, grace=grace)
+        except TokenNotFound as exc:
+            _fail(f"{exc} (revoked tokens cannot be rotated)", EXIT_NOT_FOUND)
+
+    token, secret = _run(go())
+    err_console.print(
+        f"token {token.id} has a new secret; the old one "
+        + (
+            f"works until {token.previous_expires_at.isoformat(timespec='seconds')}"
+            if token.previous_expires_at
+            else "no longer works"
+        )
+        + ". Store the new one now, it is not shown again:"
     )
     console.print(secret, highlight=False)
 
@@ -1227,13 +1380,21 @@ def tokens_create(
 @_url_option
 @_json_option
 def tokens_list(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
-    """List API tokens (never their secrets), newest first."""
+    """List API tokens (never their secrets), newest first: state (active, expired or
+    revoked), expiry and when each was last used (recorded at most once a minute)."""
     app = _app_from(app_spec, database_url, must_exist=True)
-    found = _run(app.list_tokens())
+
+    async def read() -> tuple[list[Token], datetime]:
+        return await app.list_tokens(), await app.now()
+
+    found, now = _run(read())
     if as_json:
-        print_json({"tokens": [jsonable(t, omit=frozenset({"secret_hash"})) for t in found]})
+        hidden = frozenset({"secret_hash", "previous_hash"})
+        print_json(
+            {"tokens": [{**jsonable(t, omit=hidden), "state": t.state_at(now)} for t in found]}
+        )
     else:
-        console.print(tokens_table(found))
+        console.print(tokens_table(found, now))
 
 
 @tokens.command("revoke")

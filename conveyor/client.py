@@ -55,9 +55,9 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess
-from conveyor.core.ids import new_id
+from conveyor.core.ids import check_job_id, new_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, NewJob, as_utc
+from conveyor.core.model import JSON, Attempt, NewJob, as_utc, check_run_at
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
@@ -90,7 +90,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
-_MAX_ID = 200
 
 
 class Conveyor:
@@ -365,10 +364,11 @@ class Conveyor:
         job_type = self.registry.get(s.type)
         options = job_type.options
         payload = job_type.validate(s.payload)
-        if s.id is not None and (
-            not isinstance(s.id, str) or not s.id or len(s.id) > _MAX_ID or "\x00" in s.id
-        ):
-            raise InvalidPayload(s.type, f"a job id must be 1 to {_MAX_ID} characters")
+        if s.id is not None:
+            try:
+                check_job_id(s.id)
+            except ValueError as exc:
+                raise InvalidPayload(s.type, str(exc)) from None
         queue = s.queue if s.queue is not None else options.queue
         check_queue(queue)
         max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
@@ -385,7 +385,7 @@ class Conveyor:
             payload=payload,
             queue=queue,
             priority=priority,
-            run_at=as_utc(s.run_at) if s.run_at is not None else None,
+            run_at=_run_at(s.run_at),
             delay=delay,
             max_attempts=max_attempts,
             timeout=timeout if timeout is not None else options.timeout,
@@ -735,10 +735,14 @@ class Conveyor:
         return Health(status=status, counts=counts, heartbeat_age=age)
 
     async def create_token(
-        self, *, tenant: str, role: Role | str, name: str | None = None
+        self, *, tenant: str, role: Role | str, name: str | None = None, expires: Any = None
     ) -> tuple[Token, str]:
-        """Create an API token; return it and its secret, which is not kept: show it once."""
-        return await self._tokens.create(tenant=tenant, role=role, name=name)
+        """Create an API token (``expires``: a duration; None: never); show its secret once."""
+        return await self._tokens.create(tenant=tenant, role=role, name=name, expires=expires)
+
+    async def rotate_token(self, token_id: str, *, grace: Any = 0) -> tuple[Token, str]:
+        """Give a token a new secret (shown once); the old one works ``grace`` longer."""
+        return await self._tokens.rotate(token_id, grace=grace)
 
     async def authenticate(self, presented: str) -> Principal | None:
         """Return the principal of a presented API token, or None if it is not valid."""
@@ -816,6 +820,13 @@ class Health:
             "heartbeat_age": self.heartbeat_age,
             "error": None,
         }
+
+
+def _run_at(value: datetime | None) -> datetime | None:
+    try:
+        return check_run_at(value) if value is not None else None
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _rate(value: str | None) -> tuple[int, float] | None:

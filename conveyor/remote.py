@@ -98,7 +98,7 @@ class RemoteClient:
             )
         if not token:
             raise ConfigurationError(
-                "a remote server needs an API token: pass --token or set CONVEYOR_TOKEN "
+                "a remote server needs an API token: set CONVEYOR_TOKEN or pass --token-file "
                 "(create one on the server with `conveyor tokens create`)"
             )
         self.url = url.rstrip("/")
@@ -178,15 +178,23 @@ class RemoteClient:
         root_id: str | None = None,
         limit: int = 50,
     ) -> list[RemoteJob]:
-        """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: the first page of
-        ``GET /jobs``, top-level ones unless ``include_children`` or a parent or root."""
+        """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: ``GET /jobs``,
+        top-level ones unless ``include_children`` or a parent or root, following ``next``
+        while the server's byte limit on pages cut one short of ``limit``."""
         params: list[tuple[str, str]] = [("status", s) for s in status]
         filters = (("type", type), ("queue", queue), ("parent", parent_id), ("root", root_id))
         params += [(k, v) for k, v in filters if v is not None]
         params.append(("include_children", "true" if include_children else "false"))
         params.append(("limit", str(limit)))
         response = await self._call("GET", "/jobs", params=params)
-        return [self._job(j) for j in response.json()["jobs"]]
+        found = [self._job(j) for j in response.json()["jobs"]]
+        following = response.json().get("next")
+        while following and len(found) < limit:
+            # The link is the server's own path (with any mount prefix): join it absolutely.
+            response = await self._call("GET", str(httpx.URL(self.url).join(following)))
+            found += [self._job(j) for j in response.json()["jobs"]]
+            following = response.json().get("next")
+        return found[:limit]
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         response = await self._call("GET", f"{_path(job_id)}/attempts", job_id=job_id)

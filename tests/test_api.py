@@ -479,25 +479,41 @@ async def test_queues_pause_and_resume_and_workers_are_listed(
 
 
 async def test_health_reports_degraded_healthy_then_unhealthy(
-    app: Conveyor, client: httpx.AsyncClient
+    app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
+    admin = tokens["admin"]
     assert (await client.get("/health/live")).json() == {"status": "alive"}
-    r = await client.get("/health/ready")
+    r = await client.get("/health/ready", headers=admin)
     assert r.status_code == 200 and r.json()["status"] == "degraded"  # no worker yet
     assert r.json()["workers"] == 0
     async with running_worker(app):
 
         async def registered() -> bool:
-            return (await client.get("/health/ready")).json()["live_workers"] == 1
+            return (await client.get("/health/ready", headers=admin)).json()["live_workers"] == 1
 
         await eventually(registered)
-        r = await client.get("/health/ready")
+        r = await client.get("/health/ready", headers=admin)
         assert r.status_code == 200 and r.json()["status"] == "healthy", r.json()
         assert r.json()["live_workers"] == 1
     # The worker stopped: workers have run here, none is live.
-    r = await client.get("/health/ready")
+    r = await client.get("/health/ready", headers=admin)
     assert r.status_code == 503 and r.json()["status"] == "unhealthy"
     assert r.json()["live_workers"] == 0 and r.json()["dead_workers"] == 0
+    assert r.headers["Retry-After"]
+
+
+async def test_health_ready_without_a_token_gives_the_verdict_only(
+    app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
+) -> None:
+    await app.submit("add", {"a": 1, "b": 2}, tenant="acme")
+    anonymous = await client.get("/health/ready")
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "degraded"}
+    bad = await client.get("/health/ready", headers={"Authorization": "Bearer cvt_nonsense"})
+    assert bad.json() == {"status": "degraded"}
+    tenant = (await client.get("/health/ready", headers=tokens["read"])).json()
+    assert tenant["workers"] == 0 and "queued" not in tenant  # one tenant: no job counts
+    admin = (await client.get("/health/ready", headers=tokens["admin"])).json()
+    assert admin["queued"] == 1 and admin["workers"] == 0
 
 
 async def test_metrics_count_jobs_and_requests(
@@ -545,4 +561,6 @@ async def test_mounted_api_and_job_accepted_in_an_application(
             headers=tokens["write"],
         )
         assert r.headers["Location"].startswith("/conveyor/jobs/")
-        assert (await c.get("/conveyor/openapi.json")).status_code == 200
+        assert (await c.get("/conveyor/openapi.json")).status_code == 401
+        document = await c.get("/conveyor/openapi.json", headers=tokens["read"])
+        assert document.status_code == 200 and "/jobs" in document.json()["paths"]

@@ -40,8 +40,8 @@ async def test_every_operation_conforms_to_the_openapi_document(app: Conveyor) -
 
 
 def _run_schemathesis(base_url: str, secret: str, known_ids: list[str]) -> list[str]:
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     headers = {"Authorization": f"Bearer {secret}"}
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", headers=headers)
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 14

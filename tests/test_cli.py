@@ -121,9 +121,11 @@ async def test_status_gives_the_verdict_and_counts_of_health_ready(
     app: Conveyor, db_url: str
 ) -> None:
     await app.submit("build_report", {"months": 1})
+    _, secret = await app.create_token(tenant="ops", role="admin")
     transport = httpx.ASGITransport(app=create_api(app))
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        ready = (await client.get("/health/ready")).json()
+        admin = {"Authorization": f"Bearer {secret}"}
+        ready = (await client.get("/health/ready", headers=admin)).json()
     status = await acli("status", "--json", "--database-url", db_url)
     assert status.returncode == 0, status.stderr
     document = json.loads(status.stdout)

@@ -67,13 +67,37 @@ class Token:
     created_at: datetime
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+    expires_at: datetime | None = None  # None: never
+    previous_hash: str | None = None  # the secret before a rotation, during its grace
+    previous_expires_at: datetime | None = None
 
     @property
     def active(self) -> bool:
+        """Not revoked (it may still have expired: see :meth:`valid_at`)."""
         return self.revoked_at is None
+
+    def valid_at(self, now: datetime) -> bool:
+        """Neither revoked nor expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def state_at(self, now: datetime) -> str:
+        """``active``, ``expired`` or ``revoked``, as listings show it."""
+        if self.revoked_at is not None:
+            return "revoked"
+        return "active" if self.valid_at(now) else "expired"
+
+    def matches(self, secret: str, now: datetime) -> bool:
+        """Whether ``secret`` is this token's, or its previous one still in its grace."""
+        current = secret_matches(secret, self.secret_hash)
+        previous = secret_matches(secret, self.previous_hash or _NO_HASH)
+        in_grace = self.previous_expires_at is not None and now < self.previous_expires_at
+        return current or (previous and in_grace and self.previous_hash is not None)
 
     def principal(self) -> Principal:
         return Principal(token_id=self.id, tenant=self.tenant, role=self.role, name=self.name)
+
+
+_NO_HASH = "0" * 64
 
 
 def hash_secret(secret: str) -> str:

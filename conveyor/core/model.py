@@ -288,3 +288,27 @@ def as_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+# The years a job may be scheduled in (in its own time zone): every backend stores them,
+# and adding a delay or a backoff to one stays within what datetime holds.
+FIRST_YEAR = 2000
+LAST_YEAR = 8999
+RUN_AT_PATTERN = r"^(20[0-9]{2}|2[1-9][0-9]{2}|[3-8][0-9]{3})-"  # the same, for OpenAPI
+
+
+def check_run_at(value: object, name: str = "run_at") -> datetime:
+    """Return ``value`` in UTC if it falls in the years 2000 to 8999, or raise ValueError.
+
+    >>> check_run_at(datetime(9999, 12, 31))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: run_at must be in the years 2000 to 8999, not 9999-12-31T00:00:00
+    """
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a datetime, not {value!r}")
+    if not FIRST_YEAR <= value.year <= LAST_YEAR:
+        raise ValueError(
+            f"{name} must be in the years {FIRST_YEAR} to {LAST_YEAR}, not {value.isoformat()}"
+        )
+    return as_utc(value)

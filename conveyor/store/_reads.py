@@ -37,6 +37,10 @@ class SharedReads(ABC):
     async def list_tokens(self) -> list[Token]:
         return [scripts.token(self.dialect, r) for r in await self._fetch("list_tokens")]
 
+    async def server_secret(self, name: str) -> str | None:
+        rows = await self._fetch("server_secret", {"name": name})
+        return str(rows[0]["value"]) if rows else None
+
     async def queue_lag(self) -> list[QueueLag]:
         rows = await self._fetch("queue_lag", {"now": self._time_param(None)})
         return [QueueLag(r["queue"], r["due"], max(0.0, r["oldest_age"])) for r in rows]

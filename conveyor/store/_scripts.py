@@ -217,6 +217,9 @@ def token(dialect: Dialect, row: Row) -> Token:
         created_at=_time(dialect, row["created_at"], f"creation time of token {row['id']!r}"),
         last_used_at=dialect.time(row["last_used_at"]),
         revoked_at=dialect.time(row["revoked_at"]),
+        expires_at=dialect.time(row["expires_at"]),
+        previous_hash=row["previous_hash"],
+        previous_expires_at=dialect.time(row["previous_expires_at"]),
     )
 
 
@@ -285,6 +288,7 @@ def token_params(token: Token) -> dict[str, Any]:
         "secret_hash": token.secret_hash,
         "name": token.name,
         "created_at": token.created_at,
+        "expires_at": token.expires_at,
     }
 
 

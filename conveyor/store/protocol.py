@@ -400,6 +400,15 @@ class Store(Protocol):
     async def list_tokens(self) -> list[Token]:
         """Return every token, newest first."""
 
+    async def rotate_token(
+        self, token_id: str, *, secret_hash: str, grace_until: datetime | None
+    ) -> Token | None:
+        """Give a live token a new secret digest; the previous one stays valid until
+        ``grace_until`` (None: at once invalid). None if unknown or revoked."""
+
+    async def server_secret(self, name: str) -> str | None:
+        """Return a secret the migrations made for this database's servers."""
+
     async def queue_lag(self) -> list[QueueLag]:
         """Return, per queue with due jobs, their number and the oldest one's wait."""
 

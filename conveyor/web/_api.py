@@ -13,21 +13,25 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
-from conveyor._handles import Submission
-from conveyor._registry import json_text_problem
+from conveyor._handles import JobPage, Submission
+from conveyor._registry import Registry, json_text_problem
 from conveyor._resource import job_resource
+from conveyor._scoped import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
+from conveyor.web import _pages as pages
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
-from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, conveyor_of
+from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, conveyor_of
+from conveyor.web._guards import within
 from conveyor.web._metrics import CONTENT_TYPE, render
 from conveyor.web._openapi import header, submit_body
-from conveyor.web._problems import ProblemError
+from conveyor.web._problems import RETRY_AFTER, ProblemError
 from conveyor.web._problems import problem_responses as problems
 
 if TYPE_CHECKING:
@@ -39,6 +43,11 @@ _AUTH_ERRORS = (401, 403, 422, 503)
 
 def _role(needed: Role | None) -> dict[str, Any]:
     return {ROLE_KEY: needed.value if needed else None}
+
+
+def _scope(view: TenantView) -> str:
+    """Whose cursors these are: a tenant's, or every tenant's for an admin."""
+    return "*" if view.principal.is_admin else view.principal.tenant
 
 
 def _options(request: Request) -> ApiOptions:
@@ -105,7 +114,7 @@ async def submit_jobs(
     options = _options(request)
     data = _parse_json(await _body(request), options.max_depth)
     listed = isinstance(data, list)
-    submissions = _submissions(data, options.max_batch)
+    submissions = _submissions(data, options.max_batch, conveyor_of(request).registry)
     results = await view.submit(submissions, idempotency_key=idempotency_key, listed=listed)
     return answer.submitted(request, [(h.record, new) for h, new in results], listed=listed)
 
@@ -146,21 +155,23 @@ async def list_jobs(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Response:
-    found = await view.page(
-        status=status or (),
-        type=type,
-        queue=queue,
-        tenant=tenant,
-        parent_id=parent,
-        root_id=root,
-        created_after=_utc_param("created_after", created_after),
-        created_before=_utc_param("created_before", created_before),
-        include_children=include_children,
-        newest_first=sort == "-created_at",
-        cursor=cursor,
-        limit=limit,
-    )
-    return answer.page(request, found)
+    async def fetch(position: str | None, count: int) -> JobPage:
+        return await view.page(
+            status=status or (),
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=parent,
+            root_id=root,
+            created_after=_utc_param("created_after", created_after),
+            created_before=_utc_param("created_before", created_before),
+            include_children=include_children,
+            newest_first=sort == "-created_at",
+            cursor=position,
+            limit=count,
+        )
+
+    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
 
 
 @router.get(
@@ -176,7 +187,7 @@ async def list_jobs(
             }
         },
         304: {"description": "Not modified since the ETag sent in If-None-Match."},
-        **problems(401, 403, 404, 422, 503),
+        **problems(401, 403, 404, 422, 429, 503),
     },
     openapi_extra=_role(Role.READ),
 )
@@ -199,7 +210,7 @@ async def get_job(
         raise ProblemError(422, f"wait: at most {longest:g} seconds; poll again after that")
     job = await view.get(job_id)
     if wait > 0 and not job.terminal:
-        job = await _wait_for_end(request, job, wait)
+        job = await _wait_for_end(request, job, wait, view.principal.token_id)
     return answer.polled_job(request, job)
 
 
@@ -227,8 +238,12 @@ async def job_attempts(job_id: JobId, view: Reader) -> Response:
 async def job_children(
     request: Request, job_id: JobId, view: Reader, limit: Limit = 50, cursor: Cursor = None
 ) -> Response:
-    found = await view.children(job_id, cursor=cursor, limit=limit)
-    return answer.page(request, found)
+    await view.get(job_id)
+
+    async def fetch(position: str | None, count: int) -> JobPage:
+        return await view.children(job_id, cursor=position, limit=count)
+
+    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
 
 
 @router.post(
@@ -426,18 +441,33 @@ async def live() -> Response:
         503: {
             "model": s.HealthOut,
             "description": "Unhealthy: no fresh worker heartbeat, or no database.",
+            "headers": {"Retry-After": header("Seconds before asking again.")},
         }
     },
     openapi_extra=_role(None),
 )
 async def ready(request: Request) -> Response:
+    app = conveyor_of(request)
+    timeout = _options(request).db_timeout
+    retry = {"Retry-After": RETRY_AFTER}
     try:
-        health = await conveyor_of(request).health()
+        health = await within(timeout, app.health(), "the health check")
     except DatabaseUnavailable as exc:
-        body: dict[str, Any] = dict.fromkeys(s.HealthOut.model_fields)
-        body.update(status="unhealthy", error=str(exc))
-        return JSONResponse(body, status_code=503)
-    return JSONResponse(answer.health(health), status_code=answer.health_status(health))
+        return JSONResponse({"status": "unhealthy", "error": str(exc)}, 503, headers=retry)
+    status = answer.health_status(health)
+    headers = retry if status == 503 else None
+    body = {"status": health.status}
+    # Counts only for a valid token (optional here): workers' for any, jobs' for an admin.
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and presented.strip():
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=presented.strip())
+        try:
+            found = await authenticate(app, credentials, Role.READ, timeout=timeout)
+        except (ProblemError, DatabaseUnavailable):
+            found = None
+        if found is not None:
+            body = answer.health(health, jobs=found.is_admin)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 @router.get(
@@ -463,14 +493,15 @@ async def prometheus_metrics(request: Request, view: Reader) -> Response:
 # -- reading requests -------------------------------------------------------------------------
 
 
-async def _wait_for_end(request: Request, job: Job, wait: float) -> Job:
+async def _wait_for_end(request: Request, job: Job, wait: float, token_id: str) -> Job:
     """Long-poll: the job once it ends, or as it is after ``wait`` seconds."""
     state = request.app.state
-    state.metrics.long_polls.inc()
-    try:
-        latest: Job | None = await state.waiters.wait(job.id, wait)
-    finally:
-        state.metrics.long_polls.dec()
+    async with state.long_polls.slot(token_id):
+        state.metrics.long_polls.inc()
+        try:
+            latest: Job | None = await state.waiters.wait(job.id, wait)
+        finally:
+            state.metrics.long_polls.dec()
     return latest if latest is not None else (await conveyor_of(request).get(job.id)).record
 
 
@@ -511,7 +542,26 @@ def _parse_json(body: bytes, max_depth: int) -> Any:
     return data
 
 
-def _submissions(data: Any, max_batch: int) -> list[Submission]:
+def _located(where: list[str | int], exc: pydantic.ValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "loc": [*where, *(p if isinstance(p, int) else str(p) for p in e["loc"])],
+            "msg": e["msg"],
+            "type": e["type"],
+        }
+        for e in exc.errors()
+    ]
+
+
+def _strict_payload(registry: Registry, submission: s.JobSubmission) -> None:
+    """Check a payload in pydantic's strict mode: over HTTP, ``true`` is not the number 1
+    and ``"5"`` is not 5 (InvalidPayload, a 422)."""
+    job_type = registry.find(submission.type)
+    if job_type is not None:
+        job_type.validate(submission.payload, strict=True)
+
+
+def _submissions(data: Any, max_batch: int, registry: Registry) -> list[Submission]:
     """The submissions of a body: one JSON object, or a list of them."""
     prefix: list[str | int] | None
     if isinstance(data, dict):
@@ -531,24 +581,19 @@ def _submissions(data: Any, max_batch: int) -> list[Submission]:
     items: list[s.JobSubmission] = []
     errors: list[dict[str, Any]] = []
     for index, item in enumerate(raw):
+        where: list[str | int] = ["body", *(prefix if prefix is not None else [index])]
         try:
             items.append(s.JobSubmission.model_validate(item))
         except pydantic.ValidationError as exc:
-            where: list[str | int] = ["body", *(prefix if prefix is not None else [index])]
-            errors.extend(
-                {
-                    "loc": [*where, *(p if isinstance(p, int) else str(p) for p in e["loc"])],
-                    "msg": e["msg"],
-                    "type": e["type"],
-                }
-                for e in exc.errors()
-            )
+            errors.extend(_located(where, exc))
     if errors:
         described = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5]
         )
         raise ProblemError(422, f"invalid job submission: {described}", errors=errors)
-    return [_submission(item) for item in items]
+    for submission in items:
+        _strict_payload(registry, submission)
+    return [_submission(submission) for submission in items]
 
 
 def _submission(item: s.JobSubmission) -> Submission:

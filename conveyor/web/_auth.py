@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from conveyor._scoped import TenantView
 from conveyor.client import Conveyor
 from conveyor.core.auth import Principal, Role
+from conveyor.web._guards import within
 from conveyor.web._problems import ProblemError
 
 bearer = HTTPBearer(
@@ -41,10 +42,14 @@ def conveyor_of(request: Request) -> Conveyor:
 
 
 async def authenticate(
-    app: Conveyor, credentials: HTTPAuthorizationCredentials | None, role: Role
+    app: Conveyor,
+    credentials: HTTPAuthorizationCredentials | None,
+    role: Role,
+    *,
+    timeout: float = 0.5,
 ) -> Principal:
     """Return the principal of the request's token; 401 without a valid one, 403 if its
-    role is below ``role``."""
+    role is below ``role``, 503 if the database does not answer within ``timeout``."""
     if credentials is None:
         raise ProblemError(
             401,
@@ -52,7 +57,9 @@ async def authenticate(
             "(create one with `conveyor tokens create`)",
             headers=_CHALLENGE,
         )
-    found = await app.authenticate(credentials.credentials)
+    found = await within(
+        timeout, app.authenticate(credentials.credentials), "checking the API token"
+    )
     if found is None:
         raise ProblemError(
             401,
@@ -78,7 +85,8 @@ def requires(role: Role) -> Callable[..., Awaitable[TenantView]]:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
     ) -> TenantView:
         app = conveyor_of(request)
-        return TenantView(app, await authenticate(app, credentials, role))
+        timeout = request.app.state.options.db_timeout
+        return TenantView(app, await authenticate(app, credentials, role, timeout=timeout))
 
     return view
 

@@ -16,6 +16,10 @@ from conveyor.store import QueueInfo, QueueLag
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# Methods counted by name; any other (a client may send any token as a method) is "other",
+# so that made-up methods cannot grow the number of series.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 # Scrapes within this many seconds share one read of the cluster's gauges, so that
 # several Prometheus servers (or a dashboard) scraping at once cost one round of queries.
 CLUSTER_CACHE_SECONDS = 1.0
@@ -70,7 +74,8 @@ class MetricsMiddleware:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.requests.labels(route, scope["method"], str(code)).inc()
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.requests.labels(route, method, str(code)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
 

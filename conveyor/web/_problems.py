@@ -33,6 +33,8 @@ from conveyor.errors import (
 log = logging.getLogger("conveyor.web")
 
 PROBLEM_JSON = "application/problem+json"
+# Seconds a client should wait before trying again after a 503 or a 429.
+RETRY_AFTER = "2"
 
 
 class FieldError(BaseModel):
@@ -192,7 +194,9 @@ def install_handlers(api: FastAPI) -> None:
         errors = exc.errors if isinstance(exc, InvalidPayload) and exc.errors else None
         # An API client cannot register a handler: tell it what the server runs instead.
         detail = exc.for_client if isinstance(exc, UnknownJobType) else str(exc)
-        return problem(status, detail, request.url.path, errors=errors)
+        # The database is down or slow: say when to try again.
+        headers = {"Retry-After": RETRY_AFTER} if status == 503 else None
+        return problem(status, detail, request.url.path, headers=headers, errors=errors)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)

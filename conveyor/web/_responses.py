@@ -8,12 +8,10 @@ import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from conveyor._handles import JobPage
 from conveyor._resource import iso, job_resource, job_url
 from conveyor.client import Health
 from conveyor.core.lifecycle import Status
@@ -85,21 +83,6 @@ def polled_job(request: Request, job: Job) -> Response:
     return Response(body, media_type="application/json", headers=headers)
 
 
-def page(request: Request, found: JobPage) -> Response:
-    """A page of jobs; the next page's URL in ``next`` and a ``Link`` header."""
-    prefix = jobs_prefix(request)
-    following = None
-    headers = {}
-    if found.next is not None:
-        query = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
-        following = f"{request.url.path}?{urlencode([*query, ('cursor', found.next)])}"
-        headers["Link"] = f'<{following}>; rel="next"'
-    return JSONResponse(
-        {"jobs": [job_resource(h.record, prefix) for h in found.jobs], "next": following},
-        headers=headers,
-    )
-
-
 def attempt(a: Attempt) -> dict[str, Any]:
     return {
         "job_id": a.job_id,
@@ -159,9 +142,17 @@ def schedule(info: ScheduleInfo) -> dict[str, Any]:
     }
 
 
-def health(h: Health) -> dict[str, Any]:
-    """The cluster's health with its counts, as ``/health/ready`` answers it."""
-    return h.to_dict()
+_JOB_COUNTS = ("queued", "due", "running", "stale_running")
+
+
+def health(h: Health, *, jobs: bool = True) -> dict[str, Any]:
+    """The cluster's health with its counts, as ``/health/ready`` answers it to a token;
+    without ``jobs`` (a token of one tenant), the workers' counts only."""
+    document = h.to_dict()
+    if not jobs:
+        for name in _JOB_COUNTS:
+            document.pop(name)
+    return document
 
 
 def health_status(h: Health) -> int:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from conveyor.core.ids import ID_PATTERN, check_job_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import as_utc
+from conveyor.core.model import RUN_AT_PATTERN, as_utc, check_run_at
 
 # The one pattern for strings the API accepts: any text without NUL, which databases refuse.
 NUL_FREE = r"^[^\x00]*$"
@@ -29,6 +30,15 @@ def utc(value: datetime | None) -> datetime | None:
         return edge.replace(tzinfo=UTC)
 
 
+def _a_number(value: Any) -> Any:
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON number, not a boolean or a string")
+    return value
+
+
+_NUMBER = BeforeValidator(_a_number)
+
+
 class JobSubmission(BaseModel):
     """One job to submit; only ``type`` is required."""
 
@@ -44,18 +54,26 @@ class JobSubmission(BaseModel):
         None,
         min_length=1,
         max_length=200,
-        pattern=NUL_FREE,
-        description="A client id: submitting the same id again returns the existing job.",
+        json_schema_extra={"pattern": ID_PATTERN},
+        description=(
+            "A client id: submitting the same id again returns the existing job. Letters, "
+            "digits and . _ : @ + = - (starting with a letter or digit)."
+        ),
     )
     queue: str | None = Field(None, min_length=1, max_length=100, pattern=NUL_FREE)
-    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000, description="Lower runs first.")
-    run_at: datetime | None = Field(None, description="Not before this time.")
-    delay: float | None = Field(
-        None, ge=0, le=10 * 365 * 86400, allow_inf_nan=False, description="Seconds from now."
+    # Numbers are numbers: true or "5" is not one (5.0 is, as in JSON Schema).
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000), _NUMBER] | None = Field(
+        None, description="Lower runs first."
     )
-    max_attempts: int | None = Field(None, ge=1, le=1000)
-    timeout: float | None = Field(
-        None, gt=0, le=365 * 86400, allow_inf_nan=False, description="Seconds per attempt."
+    run_at: Annotated[datetime, Field(json_schema_extra={"pattern": RUN_AT_PATTERN})] | None = (
+        Field(None, description="Not before this time (in the years 2000 to 8999).")
+    )
+    delay: (
+        Annotated[float, Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False), _NUMBER] | None
+    ) = Field(None, description="Seconds from now.")
+    max_attempts: Annotated[int, Field(ge=1, le=1000), _NUMBER] | None = None
+    timeout: Annotated[float, Field(gt=0, le=365 * 86400, allow_inf_nan=False), _NUMBER] | None = (
+        Field(None, description="Seconds per attempt.")
     )
     unique_key: str | None = Field(None, min_length=1, max_length=200, pattern=NUL_FREE)
     depends_on: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NUL_FREE)]] = Field(
@@ -67,10 +85,15 @@ class JobSubmission(BaseModel):
         description="Admin tokens only: submit for another tenant (default: the token's).",
     )
 
+    @field_validator("id")
+    @classmethod
+    def _client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_job_id(value)
+
     @field_validator("run_at")
     @classmethod
     def _run_at_utc(cls, value: datetime | None) -> datetime | None:
-        return utc(value)
+        return None if value is None else check_run_at(value)
 
 
 class ProgressOut(BaseModel):
@@ -238,20 +261,22 @@ class LiveOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    """The cluster's health (SPEC §9): counts, newest worker heartbeat, and a verdict."""
+    """The cluster's health (SPEC §9): a verdict; with an API token also the workers'
+    counts and newest heartbeat, and with an admin token the job counts."""
 
     status: Literal["healthy", "degraded", "unhealthy"]
-    queued: int | None
-    due: int | None = Field(description="Queued jobs whose run_at has passed.")
-    running: int | None
-    stale_running: int | None = Field(description="Running jobs whose lease expired.")
-    workers: int | None = Field(description="Workers ever registered.")
+    queued: int | None = None
+    due: int | None = Field(None, description="Queued jobs whose run_at has passed.")
+    running: int | None = None
+    stale_running: int | None = Field(None, description="Running jobs whose lease expired.")
+    workers: int | None = Field(None, description="Workers ever registered.")
     live_workers: int | None = Field(
-        description="Workers not stopped whose newest heartbeat is younger than their lease."
+        None,
+        description="Workers not stopped whose newest heartbeat is younger than their lease.",
     )
     dead_workers: int | None = Field(
         None, description="Workers not stopped but silent for longer than their lease."
     )
-    last_heartbeat: datetime | None
-    heartbeat_age: float | None = Field(description="Seconds since the newest heartbeat.")
+    last_heartbeat: datetime | None = None
+    heartbeat_age: float | None = Field(None, description="Seconds since the newest heartbeat.")
     error: str | None = Field(None, description="Why the database could not be read.")

@@ -821,6 +821,13 @@ class PostgresStore(SharedReads):
     async def touch_token(self, token_id: str) -> None:
         await self._execute("touch_token", {"id": token_id, "now": self._now()})
 
+    async def rotate_token(
+        self, token_id: str, *, secret_hash: str, grace_until: datetime | None
+    ) -> Token | None:
+        params = {"id": token_id, "secret_hash": secret_hash, "grace_until": grace_until}
+        rows = await self._fetch("rotate_token", params)
+        return scripts.token(DIALECT, rows[0]) if rows else None
+
     async def revoke_token(self, token_id: str) -> Token | None:
         rows = await self._fetch("revoke_token", {"id": token_id, "now": self._now()})
         return scripts.token(DIALECT, rows[0]) if rows else None

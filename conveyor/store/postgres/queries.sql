@@ -958,8 +958,9 @@ SELECT
 
 -- name: create_token
 -- Store a new API token.
-INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at)
-VALUES (%(id)s, %(tenant)s, %(role)s, %(secret_hash)s, %(name)s, %(created_at)s);
+INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at, expires_at)
+VALUES (%(id)s, %(tenant)s, %(role)s, %(secret_hash)s, %(name)s, %(created_at)s,
+        %(expires_at)s);
 
 -- name: find_token
 -- One token by id.
@@ -979,6 +980,20 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: rotate_token
+-- Give a live token a new secret; the old one keeps working until :grace_until (NULL: not).
+UPDATE conveyor_tokens SET
+    previous_hash = CASE WHEN %(grace_until)s::timestamptz IS NULL THEN NULL
+                         ELSE secret_hash END,
+    previous_expires_at = %(grace_until)s::timestamptz,
+    secret_hash = %(secret_hash)s
+WHERE id = %(id)s AND revoked_at IS NULL
+RETURNING *;
+
+-- name: server_secret
+-- A secret of this database's servers, made by a migration.
+SELECT value FROM conveyor_secrets WHERE name = %(name)s;
 
 -- name: database_identity
 -- Which database a connection is on: its name and its server's start time, which tells

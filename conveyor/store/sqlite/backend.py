@@ -585,6 +585,20 @@ class SQLiteStore(SharedReads):
         params = {"id": token_id, "now": self._clock()}
         await self._write(lambda conn: conn.execute(_Q["touch_token"], params))
 
+    async def rotate_token(
+        self, token_id: str, *, secret_hash: str, grace_until: datetime | None
+    ) -> Token | None:
+        params = encode(
+            {"id": token_id, "secret_hash": secret_hash, "grace_until": grace_until},
+            self._clock(),
+        )
+
+        def rotate(conn: sqlite3.Connection) -> Token | None:
+            row = _one(conn.execute(_Q["rotate_token"], params))
+            return None if row is None else scripts.token(DIALECT, row)
+
+        return await self._write(rotate)
+
     async def revoke_token(self, token_id: str) -> Token | None:
         params = {"id": token_id, "now": self._clock()}
 

@@ -728,8 +728,8 @@ SELECT
 
 -- name: create_token
 -- Store a new API token.
-INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at)
-VALUES (:id, :tenant, :role, :secret_hash, :name, :created_at);
+INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at, expires_at)
+VALUES (:id, :tenant, :role, :secret_hash, :name, :created_at, :expires_at);
 
 -- name: find_token
 -- One token by id.
@@ -747,6 +747,19 @@ RETURNING *;
 -- name: list_tokens
 -- Every token, newest first.
 SELECT * FROM conveyor_tokens ORDER BY created_at DESC, id;
+
+-- name: rotate_token
+-- Give a live token a new secret; the old one keeps working until :grace_until (NULL: not).
+UPDATE conveyor_tokens SET
+    previous_hash = CASE WHEN :grace_until IS NULL THEN NULL ELSE secret_hash END,
+    previous_expires_at = :grace_until,
+    secret_hash = :secret_hash
+WHERE id = :id AND revoked_at IS NULL
+RETURNING *;
+
+-- name: server_secret
+-- A secret of this database's servers, made by a migration.
+SELECT value FROM conveyor_secrets WHERE name = :name;
 
 -- name: now
 -- The store's clock (the runner supplies :now: SQLite has no clock of its own to share).
