@@ -48,13 +48,14 @@ from conveyor._registry import (
     check_queue,
     optional_seconds,
 )
+from conveyor._tenants import TenantLimits
 from conveyor._tokens import Tokens
 from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess
-from conveyor.core.ids import new_id
+from conveyor.core.ids import new_id, qualify
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, NewJob, as_utc
 from conveyor.core.retry import Backoff
@@ -116,6 +117,7 @@ class Conveyor:
             weakref.WeakKeyDictionary()
         )
         self._tokens = Tokens(self.store, self.registry)
+        self.tenants = TenantLimits()  # the operator's per-tenant limits (_tenants.py)
         self.metrics = Metrics()
         self.hooks = Hooks()
 
@@ -347,6 +349,7 @@ class Conveyor:
         with _tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions)
             store = await self.store()
+            await self.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
 
@@ -368,8 +371,15 @@ class Conveyor:
             raise ConfigurationError(f"priority must be an integer, not {priority!r}")
         timeout = optional_seconds(s.timeout, "timeout")
         delay = optional_seconds(s.delay, "delay") or 0.0
+        # A tenant's job is stored under its tenant-qualified id, and so are the jobs it
+        # waits for: names never reach into another tenant (core/ids.py).
+        try:
+            job_id = qualify(s.tenant, s.id or new_id(self._wallclock()))
+            depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
+        except ValueError as exc:
+            raise InvalidPayload(s.type, str(exc)) from None
         return NewJob(
-            id=s.id or new_id(self._wallclock()),
+            id=job_id,
             type=s.type,
             payload=payload,
             queue=queue,
@@ -384,7 +394,7 @@ class Conveyor:
             tenant=s.tenant,
             unique_key=s.unique_key,
             concurrency_key=s.concurrency_key,
-            depends_on=_dependency_ids(s.depends_on),
+            depends_on=depends_on,
             trace_context=traceparent,
         )
 
@@ -486,7 +496,7 @@ class Conveyor:
         """
         old = (await self.get(job_id)).record
         new = NewJob(
-            id=new_id(self._wallclock()),
+            id=qualify(old.tenant, new_id(self._wallclock())),
             type=old.type,
             payload=old.payload,
             queue=old.queue,
@@ -523,8 +533,9 @@ class Conveyor:
     async def workers(self) -> list[WorkerInfo]:
         return await (await self.store()).workers()
 
-    async def queues(self) -> list[QueueInfo]:
-        return await (await self.store()).queues()
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        """Every known queue with its job counts per status (``tenant``: only its jobs)."""
+        return await (await self.store()).queues(tenant=tenant)
 
     async def queue_lag(self) -> list[QueueLag]:
         """Per queue with due jobs: how many, and how long the oldest has waited."""
@@ -697,7 +708,9 @@ class Conveyor:
         """
         with _tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions)
-            results = await (await self.store()).submit(new_jobs)
+            store = await self.store()
+            await self.tenants.check_room(store, new_jobs)
+            results = await store.submit(new_jobs)
         handles = self.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
 
@@ -773,9 +786,9 @@ class Conveyor:
         store = await self.store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
-    async def running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker is running now."""
-        return await (await self.store()).running_by_worker()
+    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
+        """How many jobs each worker is running now (``tenant``: of that tenant's jobs)."""
+        return await (await self.store()).running_by_worker(tenant=tenant)
 
     async def count_below(self, job_id: str) -> dict[str, int]:
         """Count by status the jobs below a job: its whole tree if it is a root, else its

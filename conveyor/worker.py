@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor import _tracing
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
+from conveyor.core.flow import TenantLimit
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_failure
 from conveyor.core.retry import pause_after_failures
@@ -474,7 +475,9 @@ class Worker:
                         queues=self.queues,
                         limit=free,
                         lease=self.options.lease,
-                        limits=_limits(self._limited, self.leases.snapshot()),
+                        limits=_limits(
+                            self._limited, self.leases.snapshot(), self.app.tenants.limits
+                        ),
                         on_claimed=hold,  # renewed from then on, whatever the loop does
                     )
                     if self._metrics is not None:
@@ -1022,11 +1025,14 @@ class _Port:
     async def spawn(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
         if self.run.interrupt is _Interrupt.LOST:
             return None
-        jobs = self.app.prepare(submissions)
-        # Children belong to their parent's tenant, so that the API shows a tenant its trees.
+        # Children belong to their parent's tenant, so that the API shows a tenant its trees;
+        # set before prepare, so that their ids are qualified in that tenant's namespace.
         tenant = self.run.job.tenant
         if tenant is not None:
-            jobs = [j if j.tenant else dataclasses.replace(j, tenant=tenant) for j in jobs]
+            submissions = [
+                s if s.tenant else dataclasses.replace(s, tenant=tenant) for s in submissions
+            ]
+        jobs = self.app.prepare(submissions)
         spawned = await self.store.spawn(self.run.key, jobs)
         if spawned is None:
             return None
@@ -1169,10 +1175,12 @@ class _Heartbeat(threading.Thread):
                 pass
 
 
-def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
-    """The flow control this claim must respect, or None when no type has any."""
+def _limits(
+    limited: Sequence[JobType], held: Iterable[_Run], tenants: Mapping[str, TenantLimit]
+) -> Limits | None:
+    """The flow control this claim must respect, or None when no type or tenant has any."""
     if not limited:
-        return None
+        return Limits(tenants=tenants) if tenants else None
     running: dict[str, int] = {}
     for run in held:
         if not run.done:
@@ -1195,6 +1203,7 @@ def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
             if t.options.key_concurrency is not None
         },
         rate={t.name: t.options.rate_limit for t in limited if t.options.rate_limit},
+        tenants=tenants,
     )
 
 

@@ -599,3 +599,16 @@ async def test_the_dashboards_reads_count_what_the_store_holds(
     (entry,) = await store.audit_log(tenant="acme")
     assert (entry.action, entry.target, entry.id is not None) == ("job.cancel", "root", True)
     assert [e.tenant for e in await store.audit_log()] == ["other", "acme"]
+
+
+async def test_a_tenants_reads_count_only_its_jobs(store: Store) -> None:
+    await store.submit(
+        [new("acme/a", tenant="acme"), new("acme/b", tenant="acme", queue="media")]
+        + [new("globex/a", tenant="globex"), new("plain")]
+    )
+    assert await store.count_queued("acme") == 2 and await store.count_queued("nobody") == 0
+    counts = {q.name: q.counts for q in await store.queues(tenant="acme")}
+    assert counts == {"default": {"queued": 1}, "media": {"queued": 1}}
+    await claim(store)
+    assert await store.running_by_worker(tenant="globex") == {"w1": 1}
+    assert await store.running_by_worker() == {"w1": 3}
