@@ -4,6 +4,7 @@ refused list stores nothing. Every test runs on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +12,11 @@ import httpx
 import pytest
 
 from conveyor import Conveyor, JobContext, Status
+from conveyor._handles import Submission
 from conveyor._scoped import keyed_id
-from conveyor.store import WorkerInfo
+from conveyor.core.model import Job, Outcome, Settlement
+from conveyor.errors import TooManyQueued
+from conveyor.store import Limits, WorkerInfo
 from conveyor.web import create_api
 from tests.helpers import running_worker
 
@@ -260,3 +264,119 @@ async def test_queues_workers_and_metrics_show_a_tenant_only_its_own_jobs(
     assert mine["id"] == "w1" and mine["hostname"] is None and mine["pid"] is None
     (theirs,) = (await http.get("/workers", headers=token["ops"])).json()["workers"]
     assert (theirs["hostname"], theirs["pid"]) == ("box-7", 4242)
+
+
+# -- fair claiming and per-tenant limits ---------------------------------------------------------
+
+
+async def claim(app: Conveyor, limit: int, *, limits: Limits | None = None) -> list[Job]:
+    store = await app.store()
+    return await store.claim(
+        worker_id="w", queues=["default"], limit=limit, lease=60, limits=limits
+    )
+
+
+async def test_a_flooding_tenant_does_not_starve_another(app: Conveyor) -> None:
+    """10,000 jobs of one tenant at priority -1,000,000 and five of another at 0: every claim
+    takes from both while both have jobs due; within a tenant, priority still orders."""
+    flood = [
+        Submission(type="add", payload={"a": i, "b": 0}, tenant="flood", priority=-1_000_000)
+        for i in range(10_000)
+    ]
+    await app.submit_many(flood)
+    await app.submit_many(
+        [Submission(type="add", payload={"a": i, "b": 1}, tenant="small") for i in range(5)]
+        + [Submission(type="add", payload={"a": 0, "b": 9}, tenant="small", priority=-1)]
+    )
+    claims = [await claim(app, 4) for _ in range(4)]
+    tenants = [[j.tenant for j in jobs] for jobs in claims]
+    assert all(sorted(t) == ["flood", "flood", "small", "small"] for t in tenants[:3]), tenants
+    small = [j for jobs in claims for j in jobs if j.tenant == "small"]
+    assert len(small) == 6
+    assert {"a": 0, "b": 9} in [j.payload for j in claims[0]]  # its priority first
+    assert all(len(jobs) == 4 for jobs in claims)
+
+
+async def test_both_tenants_make_progress_under_a_worker(app: Conveyor) -> None:
+    await app.submit_many(
+        [
+            Submission(type="add", payload={"a": i, "b": 0}, tenant="flood", priority=-1_000_000)
+            for i in range(400)
+        ]
+    )
+    small = await app.submit_many(
+        [Submission(type="add", payload={"a": i, "b": 1}, tenant="small") for i in range(5)]
+    )
+    async with running_worker(app, concurrency=2):
+        for handle in small:
+            await handle.wait(timeout=60, poll=0.02)
+    assert all(h.status is Status.SUCCEEDED for h in small)
+    left = await (await app.store()).count_queued("flood")
+    assert left > 300, f"small's 5 jobs waited for {400 - left} of flood's"
+
+
+async def test_a_tenants_concurrency_limit_holds_across_claims(app: Conveyor) -> None:
+    app.tenants.limit("acme", concurrency=2)
+    app.tenants.limit("*", concurrency=3)
+    await app.submit_many(
+        [
+            Submission(type="add", payload={"a": i, "b": 0}, tenant=t)
+            for t in ("acme", "globex")
+            for i in range(5)
+        ]
+    )
+    limits = Limits(tenants=app.tenants.limits)
+    first = await claim(app, 10, limits=limits)
+    assert sorted(j.tenant for j in first) == ["acme"] * 2 + ["globex"] * 3
+    assert await claim(app, 10, limits=limits) == []
+    done = next(j for j in first if j.tenant == "acme")
+    settlement = Settlement(done.id, done.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+    await (await app.store()).settle([settlement])
+    assert [j.tenant for j in await claim(app, 10, limits=limits)] == ["acme"]
+
+
+async def test_a_tenants_rate_limit_holds_across_claims(app: Conveyor) -> None:
+    app.tenants.limit("acme", rate="3/h")
+    await app.submit_many(
+        [Submission(type="add", payload={"a": i, "b": 0}, tenant="acme") for i in range(5)]
+        + [Submission(type="add", payload={"a": 1, "b": 0})]
+    )
+    limits = Limits(tenants=app.tenants.limits)
+    first = await claim(app, 2, limits=limits)
+    rest = await claim(app, 10, limits=limits)
+    assert sorted(str(j.tenant) for j in first + rest) == ["None"] + ["acme"] * 3
+    assert await claim(app, 10, limits=limits) == []
+
+
+async def test_a_worker_keeps_a_tenants_concurrency_limit(app: Conveyor) -> None:
+    running: list[int] = [0, 0]
+
+    @app.job()
+    async def nap(ctx: JobContext) -> None:
+        running[0] += 1
+        running[1] = max(running[1], running[0])
+        await asyncio.sleep(0.05)
+        running[0] -= 1
+
+    app.tenants.limit("acme", concurrency=1)
+    jobs = await app.submit_many(
+        [Submission(type="nap", payload={}, tenant="acme") for _ in range(6)]
+    )
+    async with running_worker(app, concurrency=4):
+        for handle in jobs:
+            await handle.wait(timeout=60, poll=0.02)
+    assert running[1] == 1
+
+
+async def test_max_queued_refuses_a_submit_beyond_it_and_stores_nothing(
+    app: Conveyor, http: httpx.AsyncClient, token: dict[str, dict[str, str]]
+) -> None:
+    app.tenants.parse(["acme:max_queued=3"])
+    r = await http.post("/jobs", json=[job(), job(a=2)], headers=token["acme"])
+    assert r.status_code == 202
+    r = await http.post("/jobs", json=[job(a=3), job(a=4)], headers=token["acme"])
+    assert r.status_code == 429 and "at most 3" in r.json()["detail"]
+    assert await (await app.store()).count_queued("acme") == 2
+    assert (await http.post("/jobs", json=job(a=5), headers=token["globex"])).status_code == 202
+    with pytest.raises(TooManyQueued):
+        await app.submit_many([Submission(type="add", payload={"a": 1, "b": 1}, tenant="acme")] * 2)

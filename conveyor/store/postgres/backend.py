@@ -546,10 +546,11 @@ class PostgresStore(SharedReads):
         if self._tenant_mix.stale():
             self._tenant_mix.saw(await self._fetch("queued_tenants", {"limit": 2}))
         fair = self._tenant_mix.mixed
-        flow = limits or (Limits() if fair else None)
+        flow = limits or Limits()
+        scripted = bool(limits) or fair
 
         def claim(conn: SyncConnection) -> list[Job]:
-            if flow:
+            if scripted:
                 rows = self._drive(conn, scripts.claim_limited(params, flow, fair=fair))
                 jobs = [job_of_row(r) for r in rows]
             else:
@@ -558,7 +559,7 @@ class PostgresStore(SharedReads):
             return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 
         # A plain claim is one statement: autocommit, one round trip.
-        return await self._transaction(claim, atomic=bool(flow), then=on_claimed)
+        return await self._transaction(claim, atomic=scripted, then=on_claimed)
 
     async def heartbeat(
         self,
