@@ -295,6 +295,23 @@ _log_format_option = click.option(
 # -- worker ----------------------------------------------------------------------------
 
 
+_tenant_limit_option = click.option(
+    "--tenant-limit",
+    "tenant_limits",
+    multiple=True,
+    metavar="TENANT:LIMITS",
+    help="Limit a tenant's jobs, e.g. acme:concurrency=5,rate=100/m,max_queued=10000 "
+    "(any of the three; * for every tenant without its own; repeat for more tenants).",
+)
+
+
+def _apply_tenant_limits(app: Conveyor, specs: Sequence[str]) -> None:
+    try:
+        app.tenants.parse(specs)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
@@ -375,6 +392,7 @@ _log_format_option = click.option(
     hidden=True,
     help="Count attempts into metrics (off only to measure what counting costs).",
 )
+@_tenant_limit_option
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -392,6 +410,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     count_metrics: bool,
+    tenant_limits: tuple[str, ...],
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -400,6 +419,7 @@ def worker(
     leases then expire and other workers rescue them).
     """
     app = _app_from(app_spec, database_url)
+    _apply_tenant_limits(app, tenant_limits)
     try:
         options = WorkerOptions(
             concurrency=concurrency,
@@ -1047,6 +1067,7 @@ def _is_loopback(host: str) -> bool:
     help="Largest request body accepted, in bytes (413 above it).",
 )
 @_log_format_option
+@_tenant_limit_option
 def serve(
     app_spec: str,
     database_url: str | None,
@@ -1056,6 +1077,7 @@ def serve(
     concurrency: int,
     max_body: int,
     log_format: str,
+    tenant_limits: tuple[str, ...],
 ) -> None:
     """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
 
@@ -1073,6 +1095,7 @@ def serve(
         )
     _check_port(host, port)
     app = _app_from(app_spec, database_url)
+    _apply_tenant_limits(app, tenant_limits)
     _setup_logging(logging.getLogger().level, log_format)
     try:
         api = create_api(app, options=ApiOptions(max_body_bytes=max_body))

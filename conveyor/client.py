@@ -371,13 +371,7 @@ class Conveyor:
             raise ConfigurationError(f"priority must be an integer, not {priority!r}")
         timeout = optional_seconds(s.timeout, "timeout")
         delay = optional_seconds(s.delay, "delay") or 0.0
-        # A tenant's job is stored under its tenant-qualified id, and so are the jobs it
-        # waits for: names never reach into another tenant (core/ids.py).
-        try:
-            job_id = qualify(s.tenant, s.id or new_id(self._wallclock()))
-            depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
-        except ValueError as exc:
-            raise InvalidPayload(s.type, str(exc)) from None
+        job_id, depends_on = _stored_names(s, s.id or new_id(self._wallclock()))
         return NewJob(
             id=job_id,
             type=s.type,
@@ -534,7 +528,6 @@ class Conveyor:
         return await (await self.store()).workers()
 
     async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
-        """Every known queue with its job counts per status (``tenant``: only its jobs)."""
         return await (await self.store()).queues(tenant=tenant)
 
     async def queue_lag(self) -> list[QueueLag]:
@@ -837,6 +830,16 @@ def _rate(value: str | None) -> tuple[int, float] | None:
         return parse_rate(value)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+
+
+def _stored_names(s: Submission, job_id: str) -> tuple[str, tuple[str, ...]]:
+    """A job's stored id and those of the jobs it waits for, qualified with its tenant,
+    so that names never reach into another tenant (core/ids.py)."""
+    try:
+        depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
+        return qualify(s.tenant, job_id), depends_on
+    except ValueError as exc:
+        raise InvalidPayload(s.type, str(exc)) from None
 
 
 def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:

@@ -602,10 +602,8 @@ async def test_the_dashboards_reads_count_what_the_store_holds(
 
 
 async def test_a_tenants_reads_count_only_its_jobs(store: Store) -> None:
-    await store.submit(
-        [new("acme/a", tenant="acme"), new("acme/b", tenant="acme", queue="media")]
-        + [new("globex/a", tenant="globex"), new("plain")]
-    )
+    acme = [new("acme/a", tenant="acme"), new("acme/b", tenant="acme", queue="media")]
+    await store.submit([*acme, new("globex/a", tenant="globex"), new("plain")])
     assert await store.count_queued("acme") == 2 and await store.count_queued("nobody") == 0
     counts = {q.name: q.counts for q in await store.queues(tenant="acme")}
     assert counts == {"default": {"queued": 1}, "media": {"queued": 1}}
