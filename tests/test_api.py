@@ -511,8 +511,12 @@ async def test_metrics_count_jobs_and_requests(
         "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
     )
     assert (await client.get("/metrics")).status_code == 401
+    # A tenant's token reads its own jobs' counts only; an admin's, the whole cluster's.
     r = await client.get("/metrics", headers=tokens["read"])
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert 'conveyor_jobs{queue="default",status="queued"} 1.0' in r.text
+    assert "conveyor_http_requests_total" not in r.text
+    r = await client.get("/metrics", headers=tokens["admin"])
     text = r.text
     assert 'conveyor_jobs{queue="default",status="queued"} 1.0' in text
     assert 'conveyor_http_requests_total{code="202",method="POST",route="/jobs"} 1.0' in text
