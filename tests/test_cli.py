@@ -438,3 +438,13 @@ async def test_ctrl_c_while_following_a_job_exits_130_and_leaves_it_alone(
         assert await proc.wait() == 130
     assert f"stopped waiting; job {job.id} is still queued and keeps going" in rest
     assert (await job.refresh()).status is Status.QUEUED
+
+
+def test_tenant_limits_are_taken_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    good = ("--tenant-limit", "acme:concurrency=2,rate=10/s", "--tenant-limit", "*:max_queued=5")
+    burst = cli("worker", APP, "--database-url", url, "--burst", *good)
+    assert burst.returncode == 0, burst.stderr
+    bad = cli("worker", APP, "--database-url", url, "--burst", "--tenant-limit", "acme:speed=9")
+    assert bad.returncode == 2
+    assert "invalid tenant limit 'acme:speed=9'" in bad.stderr and "concurrency=N" in bad.stderr
