@@ -12,6 +12,7 @@ from typing import Protocol
 
 from conveyor._handles import JobHandle, Submission
 from conveyor._registry import Registry
+from conveyor._tenants import TenantLimits
 from conveyor.core.cron import Schedule
 from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError
@@ -34,6 +35,11 @@ class WorkerHost(Protocol):
 
     @property
     def hooks(self) -> Hooks: ...
+
+    @property
+    def tenants(self) -> TenantLimits:
+        """The operator's per-tenant limits, which each claim keeps."""
+        ...
 
     def new_store(self) -> Store:
         """A new, unopened store on the application's database."""

@@ -7,10 +7,14 @@ is decided, and tested, below HTTP:
 - another tenant's job does not exist (:class:`JobNotFound`), so its existence is not
   revealed;
 - a principal submits for its own tenant; only an admin names another;
-- a job id or ``Idempotency-Key`` reused with another definition, or taken by another
-  tenant's job, is an :class:`IdempotencyConflict`, found before anything is stored so a
-  list is all or nothing;
-- a job may only wait for jobs its submitter can see;
+- job ids, ``Idempotency-Key``-derived ids and unique keys are per tenant: a tenant's
+  job is stored under ``tenant/id`` (core/ids.py), and a principal that is not an admin
+  names and sees its jobs by their bare ids, so no name of one tenant is observable or
+  occupiable by another; admins name jobs by their stored ids;
+- a job id or ``Idempotency-Key`` reused with another definition is an
+  :class:`IdempotencyConflict`, found before anything is stored; a list is stored in one
+  transaction, all or nothing;
+- a job may only wait for jobs of its own tenant;
 - only unfinished jobs can be cancelled, only failed or cancelled ones retried, and a retry
   runs the job type's ``authorize=`` check again.
 """
@@ -26,8 +30,9 @@ from typing import Any
 from conveyor._handles import JobHandle, JobPage, Submission
 from conveyor.client import Conveyor
 from conveyor.core.auth import Principal, Role, check_tenant
+from conveyor.core.ids import SEPARATOR, local, qualify
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Attempt, Job
+from conveyor.core.model import Attempt, Job, NewJob
 from conveyor.errors import (
     ConfigurationError,
     Forbidden,
@@ -62,6 +67,22 @@ def keyed_id(tenant: str, key: str, index: int | None) -> str:
     return "idem-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 
+def as_its_tenant_sees(job: Job) -> Job:
+    """``job`` with the ids its tenant knows it and its relatives by (without the prefix)."""
+    tenant = job.tenant
+    if tenant is None:
+        return job
+    return replace(
+        job,
+        id=local(tenant, job.id),
+        parent_id=None if job.parent_id is None else local(tenant, job.parent_id),
+        root_id=None if job.root_id is None else local(tenant, job.root_id),
+        depends_on=tuple(local(tenant, d) for d in job.depends_on),
+        retry_of=None if job.retry_of is None else local(tenant, job.retry_of),
+        retried_by=None if job.retried_by is None else local(tenant, job.retried_by),
+    )
+
+
 class TenantView:
     """The jobs of ``principal``'s tenant (of every tenant for an admin) in ``app``."""
 
@@ -78,19 +99,60 @@ class TenantView:
         """Whether a job of ``tenant`` is visible: its own tenant's, or any for an admin."""
         return self.principal.is_admin or tenant == self.principal.tenant
 
+    # -- names: the principal's ids and the stored ones ---------------------------------------
+
+    def stored_id(self, job_id: str) -> str:
+        """The stored id of the job this principal calls ``job_id``.
+
+        An admin names jobs by their stored ids; anyone else by their ids in its tenant
+        (a ``/`` in one names no job of theirs: :class:`JobNotFound`).
+        """
+        if self.principal.is_admin:
+            return job_id
+        try:
+            return qualify(self.principal.tenant, job_id)
+        except ValueError:
+            raise JobNotFound(job_id) from None
+
+    def _filter_id(self, job_id: str) -> str:
+        """A stored id to filter by: a name outside the tenant matches no job (no error)."""
+        try:
+            return self.stored_id(job_id)
+        except JobNotFound:
+            return f"{self.principal.tenant}{SEPARATOR}{job_id}"
+
+    def shown(self, job: Job) -> Job:
+        """``job`` with the ids this principal knows it and its relatives by."""
+        return job if self.principal.is_admin else as_its_tenant_sees(job)
+
+    def _shown_page(self, page: JobPage) -> JobPage:
+        if self.principal.is_admin:
+            return page
+        return JobPage([JobHandle(self.app, self.shown(h.record)) for h in page.jobs], page.next)
+
     # -- reading --------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
         """Return a visible job; another tenant's job is :class:`JobNotFound`."""
-        job = (await self.app.get(job_id)).record
+        return self.shown(await self._get_stored(job_id))
+
+    async def _get_stored(self, job_id: str) -> Job:
+        """A visible job as stored (the principal's ``job_id``)."""
+        try:
+            job = (await self.app.get(self.stored_id(job_id))).record
+        except JobNotFound:
+            raise JobNotFound(job_id) from None
         if not self.can_see(job.tenant):
             raise JobNotFound(job_id)
         return job
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         """A visible job's attempts, oldest first."""
-        await self.get(job_id)
-        return await self.app.attempts(job_id)
+        job = await self._get_stored(job_id)
+        attempts = await self.app.attempts(job.id)
+        if self.principal.is_admin:
+            return attempts
+        return [replace(a, job_id=local(job.tenant, a.job_id)) for a in attempts]
 
     async def page(
         self,
@@ -114,6 +176,39 @@ class TenantView:
         asks for a tree. ``tenant`` narrows an admin's view to one tenant; anyone else may
         only name their own.
         """
+        found = await self._page_stored(
+            status=status,
+            type=type,
+            queue=queue,
+            tenant=tenant,
+            parent_id=None if parent_id is None else self._filter_id(parent_id),
+            root_id=None if root_id is None else self._filter_id(root_id),
+            created_after=created_after,
+            created_before=created_before,
+            include_children=include_children,
+            newest_first=newest_first,
+            cursor=cursor,
+            limit=limit,
+        )
+        return self._shown_page(found)
+
+    async def _page_stored(
+        self,
+        *,
+        status: Iterable[Status | str] = (),
+        type: str | None = None,
+        queue: str | None = None,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        include_children: bool = False,
+        newest_first: bool = True,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """:meth:`page` with stored ids, in and out."""
         if tenant is not None and not self.principal.is_admin and tenant != self.principal.tenant:
             raise Forbidden(
                 f"this token sees only tenant {self.principal.tenant!r}'s jobs; leave out tenant"
@@ -135,8 +230,9 @@ class TenantView:
 
     async def children(self, job_id: str, *, cursor: str | None = None, limit: int = 50) -> JobPage:
         """One page of the jobs a visible job spawned, newest first."""
-        await self.get(job_id)
-        return await self.app.page_jobs(parent_id=job_id, cursor=cursor, limit=limit)
+        job = await self._get_stored(job_id)
+        found = await self.app.page_jobs(parent_id=job.id, cursor=cursor, limit=limit)
+        return self._shown_page(found)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -161,19 +257,18 @@ class TenantView:
                 job_id = keyed_id(tenant, idempotency_key, index if listed else None)
             await self.app.authorize(self.principal, sub.type, sub.payload)
             scoped.append(replace(sub, tenant=tenant, id=job_id))
-        await self._refuse_conflicts(scoped)
-        await self._check_dependencies(scoped)
+        # Ids and the ids waited for are qualified with the tenant here (core/ids.py).
+        prepared = self.app.prepare(scoped)
+        await self._refuse_conflicts(prepared)
+        await self._check_dependencies(prepared)
+        # One transaction: a refusal in the store (a job of another tenant returned for a
+        # name, which the namespaces rule out) rolls the whole list back.
         results = await self.app.submit_many_reporting(scoped, submitted_by=self.who)
-        for handle, created in results:
-            if not created and not self.can_see(handle.record.tenant):
-                raise IdempotencyConflict(
-                    "the unique_key is held by an active job of another tenant: choose another key"
-                )
-        return results
+        return [(JobHandle(self.app, self.shown(h.record)), new) for h, new in results]
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel a visible, unfinished job; a running one is asked to stop (still running)."""
-        job = await self.get(job_id)
+        job = await self._get_stored(job_id)
         if job.terminal:
             raise InvalidState(
                 f"job {job_id} is already {job.status.value}: only unfinished jobs can be "
@@ -181,22 +276,22 @@ class TenantView:
             )
         self.require(Role.WRITE)
         reason = f"cancelled through the API (token {self.principal.token_id})"
-        after = (await self.app.cancel(job_id, reason=reason)).record
+        after = (await self.app.cancel(job.id, reason=reason)).record
         if after.terminal and after.status is not Status.CANCELLED:
             raise InvalidState(f"job {job_id} ended {after.status.value} before it was cancelled")
         await self.audit("job.cancel", job_id, after.status.value)
-        return after
+        return self.shown(after)
 
     async def retry(self, job_id: str) -> Job:
         """Retry a visible failed or cancelled job as a new job, checked as a new submit."""
-        job = await self.get(job_id)
+        job = await self._get_stored(job_id)
         if job.status not in (Status.FAILED, Status.CANCELLED):
             raise InvalidState(
                 f"job {job_id} is {job.status.value}: only failed or cancelled jobs can be retried"
             )
         self.require(Role.WRITE)
         await self.app.authorize(self.principal, job.type, job.payload)
-        new = (await self.app.retry(job_id, submitted_by=self.who)).record
+        new = self.shown((await self.app.retry(job.id, submitted_by=self.who)).record)
         await self.audit("job.retry", job_id, f"as {new.id}")
         return new
 
@@ -204,15 +299,15 @@ class TenantView:
         """Retry every failed job below a visible job (the failures, not the parents they
         failed, which re-open) in one transaction; return the new jobs."""
         self.require(Role.WRITE)
-        await self.get(job_id)
+        parent = await self._get_stored(job_id)
 
         async def check(old: Job) -> None:
             await self.app.authorize(self.principal, old.type, old.payload)
 
         handles = await self.app.retry_failed_children(
-            job_id, limit=limit, submitted_by=self.who, check=check
+            parent.id, limit=limit, submitted_by=self.who, check=check
         )
-        new = [h.record for h in handles]
+        new = [self.shown(h.record) for h in handles]
         await self.audit("job.retry_failed_children", job_id, f"{len(new)} children retried")
         return new
 
@@ -221,7 +316,7 @@ class TenantView:
     async def count(self, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT) -> int:
         """How many visible jobs ``filters`` (the arguments of :meth:`page`) select, up to
         ``limit``: the number a bulk action would act on."""
-        return len(await self._ids(filters, limit))
+        return len(await self._ids(self._stored_filters(filters), limit))
 
     async def bulk(
         self, action: str, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT
@@ -232,7 +327,7 @@ class TenantView:
         if action not in ("cancel", "retry"):
             raise ConfigurationError(f"bulk action must be cancel or retry, not {action!r}")
         done = 0
-        for job_id in await self._ids(filters, limit):
+        for job_id in await self._ids(self._stored_filters(filters), limit):
             try:
                 if action == "cancel":
                     reason = f"cancelled in bulk (token {self.principal.token_id})"
@@ -246,11 +341,21 @@ class TenantView:
         await self.audit(f"jobs.bulk_{action}", described or "all jobs", f"{done} jobs")
         return done
 
+    def _stored_filters(self, filters: Mapping[str, Any]) -> dict[str, Any]:
+        """Filters of :meth:`page` with the principal's ids made stored ids."""
+        return {
+            k: self._filter_id(v) if k in ("parent_id", "root_id") and v else v
+            for k, v in filters.items()
+        }
+
     async def _ids(self, filters: Mapping[str, Any], limit: int) -> list[str]:
+        """The stored ids of the visible jobs ``filters`` (with stored ids) select."""
         ids: list[str] = []
         cursor = None
         while len(ids) < limit:
-            page = await self.page(**filters, cursor=cursor, limit=min(1000, limit - len(ids)))
+            page = await self._page_stored(
+                **filters, cursor=cursor, limit=min(1000, limit - len(ids))
+            )
             ids.extend(h.id for h in page.jobs)
             cursor = page.next
             if cursor is None:
@@ -258,7 +363,7 @@ class TenantView:
         return ids
 
     async def _retry_one(self, job_id: str) -> Job:
-        job = await self.get(job_id)
+        job = await self._get_stored(job_id)
         if job.status not in (Status.FAILED, Status.CANCELLED):
             raise InvalidState(f"job {job_id} is {job.status.value}")
         await self.app.authorize(self.principal, job.type, job.payload)
@@ -272,15 +377,27 @@ class TenantView:
 
     # -- queues, schedules, workers, leases: the cluster's, admins steer them ----------------
 
+    # A principal that is not an admin sees the counts of its own tenant's jobs only, and
+    # the workers without their hosts and process ids (the operator's, not the tenant's).
+
     async def queues(self) -> list[QueueInfo]:
-        return await self.app.queues()
+        """The queues with their job counts: the tenant's jobs only, unless an admin."""
+        if self.principal.is_admin:
+            return await self.app.queues()
+        return await self.app.queues(tenant=self.principal.tenant)
 
     async def workers(self) -> list[WorkerInfo]:
-        return await self.app.workers()
+        """The workers; a principal that is not an admin does not see hosts and pids."""
+        workers = await self.app.workers()
+        if self.principal.is_admin:
+            return workers
+        return [replace(w, hostname="", pid=0) for w in workers]
 
     async def running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker runs now (every tenant's: workers are the cluster's)."""
-        return await self.app.running_by_worker()
+        """How many jobs each worker runs now: of the tenant's jobs, unless an admin."""
+        if self.principal.is_admin:
+            return await self.app.running_by_worker()
+        return await self.app.running_by_worker(tenant=self.principal.tenant)
 
     async def pause(self, queue: str) -> None:
         """Stop workers claiming from ``queue`` (admins)."""
@@ -313,8 +430,8 @@ class TenantView:
 
     async def events(self, job_id: str) -> list[JobEvent]:
         """A visible job's events besides its attempts, oldest first."""
-        await self.get(job_id)
-        return await self.app.events(job_id)
+        job = await self._get_stored(job_id)
+        return [replace(e, job_id=job_id) for e in await self.app.events(job.id)]
 
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lease with its current and last holders, newest first."""
@@ -368,44 +485,40 @@ class TenantView:
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
 
-    async def _refuse_conflicts(self, submissions: list[Submission]) -> None:
+    async def _refuse_conflicts(self, jobs: list[NewJob]) -> None:
         """Refuse a reused id with another definition before anything is stored.
 
-        Checked first so that a list is all or nothing: a conflict found after the insert
-        would leave the rest of the list stored.
+        The ids are the tenant's own (qualified), so an existing job found here is one of
+        the same tenant's; checked first, so that nothing of a refused list is stored.
         """
-        ids = [sub.id for sub in submissions if sub.id is not None]
-        if not ids:
-            return
-        new = {job.id: job for job in self.app.prepare(submissions)}
-        for existing in await self.app.get_many(ids):
+        new = {job.id: job for job in jobs}
+        for existing in await self.app.get_many(list(new)):
             job = existing.record
-            if not self.can_see(job.tenant):
-                raise IdempotencyConflict(
-                    f"job id {job.id!r} is taken by another tenant's job: choose another id"
-                )
             mine = new[job.id]
+            if job.tenant != mine.tenant:  # a row that predates the namespaces
+                raise IdempotencyConflict(
+                    f"job id {local(mine.tenant, mine.id)!r} is taken: choose another id"
+                )
             if job.type != mine.type or job.payload != mine.payload:
                 raise IdempotencyConflict(
-                    f"job {job.id!r} exists with another type or payload; use a new id (or "
-                    "Idempotency-Key) for a different job"
+                    f"job {local(job.tenant, job.id)!r} exists with another type or payload; "
+                    "use a new id (or Idempotency-Key) for a different job"
                 )
 
-    async def _check_dependencies(self, submissions: list[Submission]) -> None:
-        """A job may only wait for jobs its submitter can see."""
-        if self.principal.is_admin:
-            return
-        batch = {sub.id for sub in submissions if sub.id}
-        wanted = {d for sub in submissions for d in sub.depends_on if d not in batch}
+    async def _check_dependencies(self, jobs: list[NewJob]) -> None:
+        """A job may only wait for jobs of its own tenant (its ids are qualified with it)."""
+        batch = {job.id for job in jobs}
+        wanted = {d for job in jobs for d in job.depends_on if d not in batch}
         if not wanted:
             return
         found = await self.app.get_many(sorted(wanted))
         visible = {h.id for h in found if self.can_see(h.record.tenant)}
         missing = sorted(wanted - visible)
         if missing:
+            shown = [d if self.principal.is_admin else d.partition(SEPARATOR)[2] for d in missing]
             raise InvalidDependency(
-                f"depends_on names jobs that do not exist: {', '.join(missing[:10])}"
+                f"depends_on names jobs that do not exist: {', '.join(shown[:10])}"
             )
 
 
-__all__ = ["TenantView", "keyed_id"]
+__all__ = ["TenantView", "as_its_tenant_sees", "keyed_id"]

@@ -35,7 +35,7 @@ class TreeHost(JobSource, Protocol):
 
     async def store(self) -> Store: ...
 
-    def new_job_id(self) -> str: ...
+    def new_job_id(self, tenant: str | None = None) -> str: ...
 
 
 # Manual retries of one job (a chain of retries) allowed unless its type says otherwise.
@@ -72,7 +72,9 @@ class Trees:
         if limit is not None and old.retry_count >= limit:
             await self._refuse(old, limit)
         store = await self.app.store()
-        job = await store.retry(job_id, retry_job(old, self.app.new_job_id(), submitted_by))
+        job = await store.retry(
+            job_id, retry_job(old, self.app.new_job_id(old.tenant), submitted_by)
+        )
         if job is None:
             raise JobNotFound(job_id)
         return JobHandle(self.app, job)
@@ -115,7 +117,7 @@ class Trees:
                     await check(old)
                 except Forbidden:
                     continue
-            new = retry_job(old, self.app.new_job_id(), submitted_by)
+            new = retry_job(old, self.app.new_job_id(old.tenant), submitted_by)
             retries.append((old.id, new))
         return [JobHandle(self.app, j) for j in await store.retry_many(retries)]
 

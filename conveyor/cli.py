@@ -330,6 +330,23 @@ _log_format_option = click.option(
 # -- worker ----------------------------------------------------------------------------
 
 
+_tenant_limit_option = click.option(
+    "--tenant-limit",
+    "tenant_limits",
+    multiple=True,
+    metavar="TENANT:LIMITS",
+    help="Limit a tenant's jobs, e.g. acme:concurrency=5,rate=100/m,max_queued=10000 "
+    "(any of the three; * for every tenant without its own; repeat for more tenants).",
+)
+
+
+def _apply_tenant_limits(app: Conveyor, specs: Sequence[str]) -> None:
+    try:
+        app.tenants.parse(specs)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
@@ -410,6 +427,7 @@ _log_format_option = click.option(
     hidden=True,
     help="Count attempts into metrics (off only to measure what counting costs).",
 )
+@_tenant_limit_option
 def worker(
     app_spec: str,
     database_url: str | None,
@@ -427,6 +445,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     count_metrics: bool,
+    tenant_limits: tuple[str, ...],
 ) -> None:
     """Run a worker for APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -435,6 +454,7 @@ def worker(
     leases then expire and other workers rescue them).
     """
     app = _app_from(app_spec, database_url)
+    _apply_tenant_limits(app, tenant_limits)
     try:
         options = WorkerOptions(
             concurrency=concurrency,
@@ -1170,6 +1190,7 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
 )
 @_limit_options
 @_log_format_option
+@_tenant_limit_option
 def serve(
     app_spec: str,
     database_url: str | None,
@@ -1178,6 +1199,7 @@ def serve(
     with_worker: bool,
     concurrency: int,
     log_format: str,
+    tenant_limits: tuple[str, ...],
     **limits: Any,
 ) -> None:
     """Serve APP's REST API (docs at /docs, OpenAPI at /openapi.json) and dashboard (/ui/).
@@ -1199,6 +1221,7 @@ def serve(
         )
     _check_port(host, port)
     app = _app_from(app_spec, database_url)
+    _apply_tenant_limits(app, tenant_limits)
     _setup_logging(logging.getLogger().level, log_format)
     try:
         server_limits = ServerLimits(

@@ -48,6 +48,7 @@ from conveyor._registry import (
     check_queue,
     optional_seconds,
 )
+from conveyor._tenants import TenantLimits
 from conveyor._tokens import Tokens
 from conveyor._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.core.auth import Principal, Role, Token
@@ -55,7 +56,7 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess
-from conveyor.core.ids import check_job_id, new_id
+from conveyor.core.ids import check_job_id, local, new_id, qualify
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, NewJob, as_utc, check_run_at
 from conveyor.core.retry import Backoff
@@ -117,6 +118,7 @@ class Conveyor:
         )
         self._tokens = Tokens(self.store, self.registry)
         self._trees = Trees(self)
+        self.tenants = TenantLimits()  # the operator's per-tenant limits (_tenants.py)
         self.metrics = Metrics()
         self.hooks = Hooks()
 
@@ -355,6 +357,7 @@ class Conveyor:
         with _tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions)
             store = await self.store()
+            await self.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
 
@@ -366,7 +369,7 @@ class Conveyor:
         payload = job_type.validate(s.payload)
         if s.id is not None:
             try:
-                check_job_id(s.id)
+                check_job_id(local(s.tenant, s.id))
             except ValueError as exc:
                 raise InvalidPayload(s.type, str(exc)) from None
         queue = s.queue if s.queue is not None else options.queue
@@ -379,8 +382,9 @@ class Conveyor:
             raise ConfigurationError(f"priority must be an integer, not {priority!r}")
         timeout = optional_seconds(s.timeout, "timeout")
         delay = optional_seconds(s.delay, "delay") or 0.0
+        job_id, depends_on = _stored_names(s, s.id or new_id(self._wallclock()))
         return NewJob(
-            id=s.id or new_id(self._wallclock()),
+            id=job_id,
             type=s.type,
             payload=payload,
             queue=queue,
@@ -395,14 +399,14 @@ class Conveyor:
             tenant=s.tenant,
             unique_key=s.unique_key,
             concurrency_key=s.concurrency_key,
-            depends_on=_dependency_ids(s.depends_on),
+            depends_on=depends_on,
             trace_context=traceparent,
             submitted_by=submitted_by,
         )
 
-    def new_job_id(self) -> str:
-        """A new time-sortable job id."""
-        return new_id(self._wallclock())
+    def new_job_id(self, tenant: str | None = None) -> str:
+        """A new time-sortable job id, as stored for a job of ``tenant``."""
+        return qualify(tenant, new_id(self._wallclock()))
 
     def _wallclock(self) -> float:
         return self.clock() if self.clock is not None else time.time()
@@ -531,8 +535,8 @@ class Conveyor:
     async def workers(self) -> list[WorkerInfo]:
         return await (await self.store()).workers()
 
-    async def queues(self) -> list[QueueInfo]:
-        return await (await self.store()).queues()
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        return await (await self.store()).queues(tenant=tenant)
 
     async def queue_lag(self) -> list[QueueLag]:
         """Per queue with due jobs: how many, and how long the oldest has waited."""
@@ -705,7 +709,9 @@ class Conveyor:
         """
         with _tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions, submitted_by=submitted_by)
-            results = await (await self.store()).submit(new_jobs)
+            store = await self.store()
+            await self.tenants.check_room(store, new_jobs)
+            results = await store.submit(new_jobs)
         handles = self.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
 
@@ -785,9 +791,9 @@ class Conveyor:
         store = await self.store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
-    async def running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker is running now."""
-        return await (await self.store()).running_by_worker()
+    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
+        """How many jobs each worker is running now (``tenant``: of that tenant's jobs)."""
+        return await (await self.store()).running_by_worker(tenant=tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -836,6 +842,16 @@ def _rate(value: str | None) -> tuple[int, float] | None:
         return parse_rate(value)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+
+
+def _stored_names(s: Submission, job_id: str) -> tuple[str, tuple[str, ...]]:
+    """A job's stored id and those of the jobs it waits for, qualified with its tenant,
+    so that names never reach into another tenant (core/ids.py)."""
+    try:
+        depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
+        return qualify(s.tenant, job_id), depends_on
+    except ValueError as exc:
+        raise InvalidPayload(s.type, str(exc)) from None
 
 
 def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:

@@ -91,6 +91,10 @@ class IdempotencyConflict(ConveyorError):
     """A job with the same id or key exists with a different definition."""
 
 
+class TooManyQueued(ConveyorError):
+    """A tenant's submit would take it past the most queued jobs its operator allows."""
+
+
 class InvalidState(ConveyorError):
     """The job's status does not allow the requested action."""
 
@@ -152,5 +156,6 @@ __all__ = [
     "ScheduleNotFound",
     "StorageError",
     "TokenNotFound",
+    "TooManyQueued",
     "UnknownJobType",
 ]

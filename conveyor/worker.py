@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor import _tracing
 from conveyor._isolation import ChildFailed, run_in_child
 from conveyor.context import Cancel, JobContext, Retry
+from conveyor.core.flow import TenantLimit
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import (
     JSON,
@@ -482,7 +483,9 @@ class Worker:
                         queues=self.queues,
                         limit=free,
                         lease=self.options.lease,
-                        limits=_limits(self._limited, self.leases.snapshot()),
+                        limits=_limits(
+                            self._limited, self.leases.snapshot(), self.app.tenants.limits
+                        ),
                         on_claimed=hold,  # renewed from then on, whatever the loop does
                     )
                     if self._metrics is not None:
@@ -1035,7 +1038,17 @@ class _Port:
         if self.run.interrupt is _Interrupt.LOST:
             return None
         # Children belong to their parent's tenant, so that the API shows a tenant its
-        # trees, and were submitted by whoever submitted it.
+        # trees, and were submitted by whoever submitted it; the tenant is set before
+        # prepare, so that their ids are qualified in that tenant's namespace.
+        tenant = self.run.job.tenant
+        if tenant is not None:
+            submissions = [
+                s if s.tenant else dataclasses.replace(s, tenant=tenant) for s in submissions
+            ]
+            callbacks = {
+                kind: c if c.tenant else dataclasses.replace(c, tenant=tenant)
+                for kind, c in (callbacks or {}).items()
+            }
         jobs = [self._inherit(j) for j in self.app.prepare(submissions)]
         from conveyor._host import prepare_callback  # only handlers that spawn need it
 
@@ -1191,10 +1204,12 @@ class _Heartbeat(threading.Thread):
                 pass
 
 
-def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
-    """The flow control this claim must respect, or None when no type has any."""
+def _limits(
+    limited: Sequence[JobType], held: Iterable[_Run], tenants: Mapping[str, TenantLimit]
+) -> Limits | None:
+    """The flow control this claim must respect, or None when no type or tenant has any."""
     if not limited:
-        return None
+        return Limits(tenants=tenants) if tenants else None
     running: dict[str, int] = {}
     for run in held:
         if not run.done:
@@ -1217,6 +1232,7 @@ def _limits(limited: Sequence[JobType], held: Iterable[_Run]) -> Limits | None:
             if t.options.key_concurrency is not None
         },
         rate={t.name: t.options.rate_limit for t in limited if t.options.rate_limit},
+        tenants=tenants,
     )
 
 

@@ -189,10 +189,11 @@ async def test_client_id_makes_submit_idempotent(
     assert changed.status_code == 409
     assert changed.headers["content-type"] == "application/problem+json"
     assert "new id" in changed.json()["detail"]
-    taken = await client.post("/jobs", json=body, headers=tokens["other"])
-    assert taken.status_code == 409, "another tenant must not get acme's job back"
-    assert "another tenant" in taken.json()["detail"]
-    assert await count_jobs(app) == 1
+    # Ids are per tenant: globex's order-42 is another job, and says nothing of acme's.
+    theirs = await client.post("/jobs", json=body, headers=tokens["other"])
+    assert theirs.status_code == 202 and theirs.json()["id"] == "order-42"
+    assert theirs.json()["tenant"] == "globex"
+    assert await count_jobs(app) == 2
 
 
 async def test_idempotency_key_is_scoped_to_the_tenant(
@@ -289,7 +290,7 @@ async def test_etag_gives_304_while_unchanged(
     same = await client.get(location, headers={**tokens["read"], "If-None-Match": etag})
     assert same.status_code == 304 and same.content == b""
     assert same.headers["ETag"] == etag
-    await app.cancel(r.json()["id"])
+    await app.cancel(f"acme/{r.json()['id']}")  # acme's job: stored as acme/<id>
     changed = await client.get(location, headers={**tokens["read"], "If-None-Match": etag})
     assert changed.status_code == 200 and changed.json()["status"] == "cancelled"
     assert changed.headers["ETag"] != etag and "Retry-After" not in changed.headers
@@ -324,7 +325,7 @@ async def test_listing_pages_filters_and_sorts(
     assert seen == list(reversed(ids)) and pages == 3
     r = await client.get("/jobs?type=add&sort=created_at&limit=100", headers=tokens["read"])
     assert [j["id"] for j in r.json()["jobs"]] == ids and r.json()["next"] is None
-    await app.cancel(ids[0])
+    await app.cancel(f"acme/{ids[0]}")
     r = await client.get("/jobs?status=cancelled&status=failed", headers=tokens["read"])
     assert [j["id"] for j in r.json()["jobs"]] == [ids[0]]
     r = await client.get(
@@ -380,8 +381,11 @@ async def test_another_tenants_job_is_not_found(
         assert "no job with id" in r.json()["detail"]
     r = await client.get("/jobs", headers=tokens["other"])
     assert r.json()["jobs"] == []
-    assert (await client.get(self_url, headers=tokens["admin"])).status_code == 200
-    assert (await app.get(self_url.rsplit("/", 1)[1])).status is Status.QUEUED
+    # An admin names it by its stored id, tenant/id (a tenant's own id is not its name).
+    stored = f"acme/{self_url.rsplit('/', 1)[1]}"
+    assert (await client.get(self_url, headers=tokens["admin"])).status_code == 404
+    assert (await client.get(f"/jobs/{stored}", headers=tokens["admin"])).status_code == 200
+    assert (await app.get(stored)).status is Status.QUEUED
 
 
 # -- steering ---------------------------------------------------------------------------------
@@ -417,7 +421,7 @@ async def test_a_running_job_is_asked_to_stop(
     job = r.json()
     async with running_worker(app):
         for _ in range(500):
-            if (await app.get(job["id"])).status is Status.RUNNING:
+            if (await app.get(f"acme/{job['id']}")).status is Status.RUNNING:
                 break
             await asyncio.sleep(0.01)
         r = await client.post(job["links"]["cancel"], headers=tokens["write"])
@@ -523,8 +527,12 @@ async def test_metrics_count_jobs_and_requests(
         "/jobs", json={"type": "add", "payload": {"a": 1, "b": 2}}, headers=tokens["write"]
     )
     assert (await client.get("/metrics")).status_code == 401
+    # A tenant's token reads its own jobs' counts only; an admin's, the whole cluster's.
     r = await client.get("/metrics", headers=tokens["read"])
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert 'conveyor_jobs{queue="default",status="queued"} 1.0' in r.text
+    assert "conveyor_http_requests_total" not in r.text
+    r = await client.get("/metrics", headers=tokens["admin"])
     text = r.text
     assert 'conveyor_jobs{queue="default",status="queued"} 1.0' in text
     assert 'conveyor_http_requests_total{code="202",method="POST",route="/jobs"} 1.0' in text

@@ -3,6 +3,7 @@ the expected status, and no side effect where the request is refused."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,8 @@ def route_table() -> list[Endpoint]:
         assert ROLE_KEY in extra, f"{route.path} declares no role: add openapi_extra=role(...)"
         needed = extra[ROLE_KEY]
         for method in sorted(route.methods):
-            out.append(Endpoint(method, route.path, Role(needed) if needed else None))
+            path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # {job_id:job}: {job_id}
+            out.append(Endpoint(method, path, Role(needed) if needed else None))
     return out
 
 

@@ -125,7 +125,7 @@ QUERIES = [
     ("/jobs/JOB?wait=-1", "wait"),
     ("/jobs/JOB?wait=1e9", "wait"),
     ("/jobs/JOB?wait=nan", "wait"),
-    ("/jobs/" + "x" * 300, "job_id"),
+    ("/jobs/" + "x" * 302, "job_id"),
 ]
 
 

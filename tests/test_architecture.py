@@ -42,6 +42,7 @@ LAYERS = [
                 "conveyor.maintenance",
                 "conveyor.worker",
                 "conveyor._tokens",
+                "conveyor._tenants",
                 "conveyor._leases",
                 "conveyor._trees",
             }

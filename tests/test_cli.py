@@ -463,3 +463,13 @@ async def test_bulk_jobs_in_the_cli_list_show_and_retry_a_tree(app: Conveyor, db
     assert f"job {root.id}.0 retried as" in retried.stdout
     assert f"1 failed job(s) below {root.id} retried" in retried.stdout
     assert (await app.get(root.id)).status is Status.WAITING
+
+
+def test_tenant_limits_are_taken_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    good = ("--tenant-limit", "acme:concurrency=2,rate=10/s", "--tenant-limit", "*:max_queued=5")
+    burst = cli("worker", APP, "--database-url", url, "--burst", *good)
+    assert burst.returncode == 0, burst.stderr
+    bad = cli("worker", APP, "--database-url", url, "--burst", "--tenant-limit", "acme:speed=9")
+    assert bad.returncode == 2
+    assert "invalid tenant limit 'acme:speed=9'" in bad.stderr and "concurrency=N" in bad.stderr

@@ -98,7 +98,8 @@ async def test_the_server_adds_counters_and_per_queue_lag_once_per_scrape(app: C
 
     for _ in range(3):
         await send.submit()
-    _, secret = await app.create_token(tenant="default", role="read")
+    # The cluster's figures are an admin's: a tenant's token reads its own jobs' counts.
+    _, secret = await app.create_token(tenant="default", role="admin")
     api = create_api(app)
     transport = httpx.ASGITransport(app=api)
     headers = {"Authorization": f"Bearer {secret}"}

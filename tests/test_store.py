@@ -624,3 +624,68 @@ async def test_failed_jobs_below_a_root_are_retried_in_their_place(store: Store)
     noted = await store.note_retry_limit("b", "x; retry limit reached")
     assert noted is not None and noted.error == "x; retry limit reached"
     assert await store.note_retry_limit("a2", "not failed") is None
+
+
+async def test_a_tenants_reads_count_only_its_jobs(store: Store) -> None:
+    acme = [new("acme/a", tenant="acme"), new("acme/b", tenant="acme", queue="media")]
+    await store.submit([*acme, new("globex/a", tenant="globex"), new("plain")])
+    assert await store.count_queued("acme") == 2 and await store.count_queued("nobody") == 0
+    counts = {q.name: q.counts for q in await store.queues(tenant="acme")}
+    assert counts == {"default": {"queued": 1}, "media": {"queued": 1}}
+    await claim(store)
+    assert await store.running_by_worker(tenant="globex") == {"w1": 1}
+    assert await store.running_by_worker() == {"w1": 3}
+
+
+async def test_the_tenant_namespace_migration_moves_live_jobs_with_their_references(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database of the release before tenant namespaces, holding jobs of every kind of
+    link: after the upgrade each tenant's job is tenant/id, and every link follows it."""
+    old = create_store(db_url, migrate=False)
+    backend = importlib.import_module(type(old).__module__)
+    migrations = backend._MIGRATIONS
+    at = next(i for i, m in enumerate(migrations) if m[1].endswith("_tenant_namespaces.sql"))
+    monkeypatch.setattr(backend, "_MIGRATIONS", migrations[:at])
+    try:
+        await old.migrate()
+        await old.open()
+        # That release's claim did not look at tenants (their index is the migration's).
+        old._tenant_mix.saw([])  # type: ignore[attr-defined]
+        await old.submit([new("parent", tenant="acme"), new("flaky", tenant="acme")])
+        await old.submit([new("plain"), new("keyed", tenant="acme", unique_key="k")])
+        jobs = {j.id: j for j in await claim(old, limit=2)}
+        await old.spawn(Lease("parent", jobs["parent"].lease_token), [new("child", tenant="acme")])
+        await old.submit([new("after", tenant="acme", depends_on=("child",))])
+        failed = Settlement("flaky", jobs["flaky"].lease_token, Status.FAILED, Outcome.FAILED)
+        await old.settle([failed])
+        await old.retry("flaky", new("again", tenant="acme", retry_of="flaky"))
+    finally:
+        await old.close()
+    monkeypatch.setattr(backend, "_MIGRATIONS", migrations)
+    upgraded = create_store(db_url)
+    try:
+        await upgraded.open()
+        assert await upgraded.get("parent") is None
+        parent = await upgraded.get("acme/parent")
+        assert parent is not None and parent.status is Status.RUNNING
+        child = await upgraded.get("acme/child")
+        assert child is not None and (child.parent_id, child.root_id) == ("acme/parent",) * 2
+        after = await upgraded.get("acme/after")
+        assert after is not None and after.depends_on == ("acme/child",)
+        again = await upgraded.get("acme/again")
+        assert again is not None and again.retry_of == "acme/flaky"
+        assert len(await upgraded.attempts("acme/flaky")) == 1
+        assert (await upgraded.get("plain")) is not None
+        # The moved links work: the child runs, and its dependent is released.
+        (claimed,) = [j for j in await claim(upgraded) if j.id == "acme/child"]
+        done = Settlement(claimed.id, claimed.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        await upgraded.settle([done])
+        after = await upgraded.get("acme/after")
+        assert after is not None and after.status is Status.QUEUED
+        # Unique keys are per tenant now.
+        [theirs] = await upgraded.submit([new("globex/keyed", tenant="globex", unique_key="k")])
+        [mine] = await upgraded.submit([new("acme/other", tenant="acme", unique_key="k")])
+        assert theirs.created and not mine.created and mine.job.id == "acme/keyed"
+    finally:
+        await upgraded.close()

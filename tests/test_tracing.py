@@ -107,7 +107,7 @@ async def test_a_job_submitted_over_http_runs_under_the_request(
         propagate.inject(headers)  # the W3C traceparent header, as an HTTP client sends it
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             r = await client.post("/jobs", json={"type": "ping"}, headers=headers)
-    job = await app.get(r.json()["id"])
+    job = await app.get(f"default/{r.json()['id']}")
     async with running_worker(app):
         await settled(job, Status.SUCCEEDED)
     finished = {s.context.span_id: s for s in spans.get_finished_spans()}

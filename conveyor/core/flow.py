@@ -121,3 +121,50 @@ def parse_rate(text: str) -> tuple[int, float]:
             f"invalid rate limit {text!r}: write COUNT/PERIOD such as '100/m', '20/s' or '5/10s'"
         )
     return n, window
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """What one tenant's jobs may use of the cluster (None: no limit).
+
+    ``concurrency``: at most this many of its jobs running across all workers. ``rate``:
+    at most ``count`` of its jobs started in any ``window`` seconds. ``max_queued``: at
+    most this many of its jobs queued; a submit beyond it is refused.
+    """
+
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+    max_queued: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "max_queued"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"a tenant's {name} must be a whole number of at least 1")
+
+
+def parse_tenant_limit(text: str) -> tuple[str, TenantLimit]:
+    """Parse ``TENANT:concurrency=N,rate=COUNT/PERIOD,max_queued=N`` (any of the three).
+
+    ``*`` as the tenant sets the limit of every tenant without one of its own.
+
+    >>> parse_tenant_limit("acme:concurrency=5,rate=20/s")
+    ('acme', TenantLimit(concurrency=5, rate=(20, 1.0), max_queued=None))
+    """
+    tenant, sep, spec = text.partition(":")
+    values: dict[str, object] = {}
+    try:
+        for part in spec.split(","):
+            name, eq, value = part.strip().partition("=")
+            if not eq or name not in ("concurrency", "rate", "max_queued") or name in values:
+                raise ValueError(part)
+            values[name] = parse_rate(value) if name == "rate" else int(value)
+        limit = TenantLimit(**values)  # type: ignore[arg-type]
+    except ValueError:
+        limit = None
+    if not sep or not tenant or limit is None:
+        raise ValueError(
+            f"invalid tenant limit {text!r}: write TENANT:concurrency=N,rate=COUNT/PERIOD,"
+            "max_queued=N (any of them), e.g. 'acme:concurrency=5,rate=100/m'"
+        )
+    return tenant, limit

@@ -61,3 +61,47 @@ def check_job_id(value: object) -> str:
             f"digit (no '/', spaces or control characters), not {shown}"
         )
     return value
+
+
+# -- tenant namespaces -----------------------------------------------------------------------
+#
+# A job's identity is its tenant and its id. A job of a tenant is stored under the
+# tenant-qualified id ``tenant/id``; a job without a tenant under its id as given. Neither
+# a tenant name nor a job id may hold ``/``, so the stored id names exactly one (tenant,
+# id) pair: two tenants' jobs of the same id are two rows, and a name taken in one tenant
+# says nothing about another. Only the tenant-facing surfaces (the REST API and the
+# dashboard, through conveyor._scoped.TenantView) translate between the two forms.
+
+SEPARATOR = "/"
+
+
+def qualify(tenant: str | None, job_id: str) -> str:
+    """The stored id of job ``job_id`` of ``tenant``; an id qualified already is kept.
+
+    >>> qualify("acme", "report-1"), qualify(None, "report-1"), qualify("acme", "acme/r")
+    ('acme/report-1', 'report-1', 'acme/r')
+    >>> qualify("acme", "globex/r")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: job id 'globex/r' names tenant 'globex''s job, not one of tenant 'acme': ...
+    """
+    if SEPARATOR not in job_id:
+        return job_id if tenant is None else f"{tenant}{SEPARATOR}{job_id}"
+    owner, _, _ = job_id.partition(SEPARATOR)
+    if tenant is not None and owner == tenant:
+        return job_id
+    whose = f"one of tenant {tenant!r}" if tenant is not None else "a job without a tenant"
+    raise ValueError(
+        f"job id {job_id!r} names tenant {owner!r}'s job, not {whose}: a job id cannot hold "
+        f"{SEPARATOR!r}"
+    )
+
+
+def local(tenant: str | None, stored_id: str) -> str:
+    """The id a tenant knows its job by: the stored id without the tenant's prefix.
+
+    >>> local("acme", "acme/report-1"), local(None, "report-1"), local("acme", "legacy")
+    ('report-1', 'report-1', 'legacy')
+    """
+    if tenant is None:
+        return stored_id
+    return stored_id.removeprefix(f"{tenant}{SEPARATOR}")

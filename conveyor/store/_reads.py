@@ -59,8 +59,15 @@ class SharedReads(ABC):
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]
 
-    async def running_by_worker(self) -> dict[str, int]:
-        rows = await self._fetch("running_by_worker")
+    async def count_queued(self, tenant: str) -> int:
+        (row,) = await self._fetch("tenant_queued", {"tenant": tenant})
+        return int(row["n"])
+
+    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
+        if tenant is not None:
+            rows = await self._fetch("tenant_running_by_worker", {"tenant": tenant})
+        else:
+            rows = await self._fetch("running_by_worker")
         return {r["lease_owner"] or "": int(r["n"]) for r in rows}
 
     async def failed_below(self, job_id: str, *, limit: int) -> list[str]:

@@ -55,7 +55,8 @@ from conveyor.core.model import (
     TreeCounts,
     after_failure,
 )
-from conveyor.errors import InvalidDependency, InvalidState
+from conveyor.errors import IdempotencyConflict, InvalidDependency, InvalidState
+from conveyor.store import _fairness as fairness
 from conveyor.store.protocol import (
     AuditEntry,
     JobEvent,
@@ -689,6 +690,18 @@ def check_dependencies(job: NewJob, found: Collection[str]) -> None:
         )
 
 
+def check_same_tenant(new: NewJob, existing: Job) -> None:
+    """Refuse, inside the submit's transaction, to return another tenant's job for ``new``.
+
+    Ids and unique keys are per tenant (core/ids.py), so this holds by construction; the
+    check keeps it so should a row predate the namespaces, and rolls the whole batch back.
+    """
+    if existing.tenant != new.tenant:
+        raise IdempotencyConflict(
+            f"job {new.id!r} is taken by a job of another tenant: choose another id or key"
+        )
+
+
 def retry(dialect: Dialect, job_id: str, new: NewJob) -> Script[Job | None]:
     """Submit ``new`` as the manual retry of a failed or cancelled job, in its place.
 
@@ -980,18 +993,35 @@ def prune(retention: Retention, limit: int) -> Script[int]:
 # -- limited claims ----------------------------------------------------------------------
 
 
-def claim_limited(params: dict[str, Any], limits: Limits) -> Script[list[Any]]:
-    """Claim within concurrency and rate limits; return the rows claimed.
+def claim_limited(
+    params: dict[str, Any], limits: Limits, *, fair: bool = False
+) -> Script[list[Any]]:
+    """Claim within concurrency and rate limits, tenant by tenant in turn when ``fair``
+    (store/_fairness.py); return the rows claimed.
 
-    The counts read here are exact because no other claim of a limited type runs
-    meanwhile: SQLite's write lock serialises every claim; PostgreSQL takes an advisory
-    lock per type without waiting, and leaves a type another worker holds to that worker.
+    The counts read here are exact because no other claim of a limited type (or tenant)
+    runs meanwhile: SQLite's write lock serialises every claim; PostgreSQL takes an
+    advisory lock per type without waiting, and leaves a type another worker holds to
+    that worker.
     """
     capacity = FlowCapacity.start(limits)
-    shared = sorted(set(limits.cluster) | set(limits.per_key) | set(limits.rate))
+    # -- fairness: which tenants have queued jobs, and the limits of those that have one
+    tenants: list[str] = []
+    if fair or limits.tenants:
+        rows = yield "queued_tenants", {"limit": fairness.MOST_TENANTS}
+        tenants = [r["tenant"] for r in rows]
+    per_tenant = fairness.limits_of(tenants, limits.tenants)
+    tenant_keys = {fairness.tenant_key(t) for t in per_tenant}
+    # -- end of fairness
+    shared = sorted(set(limits.cluster) | set(limits.per_key) | set(limits.rate) | tenant_keys)
+    locked: set[str] = set(shared)
     if shared:
         locked = {r["type"] for r in (yield "lock_limited_types", {"types": shared})}
         capacity.blocked_types.update(t for t in shared if t not in locked)
+    tenant_caps = None
+    if per_tenant:
+        tenant_caps = yield from fairness.tenant_capacity(per_tenant)
+        tenant_caps.blocked_types.update(k for k in tenant_keys if k not in locked)
     if limits.cluster:
         rows = yield "running_per_type", {"types": list(limits.cluster)}
         capacity.count_running({r["type"]: int(r["n"]) for r in rows})
@@ -1003,20 +1033,30 @@ def claim_limited(params: dict[str, Any], limits: Limits) -> Script[list[Any]]:
         yield "forget_rate_window", window_params
         (used,) = yield "rate_window_count", window_params
         capacity.count_rate(job_type, int(used["n"]))
-    taken, taken_types = yield from _admit(params, capacity)
-    if not taken:
+    if fair:
+        chosen = yield from fairness.admit_fair(params, tenants, capacity, tenant_caps)
+    else:
+        chosen = yield from _admit(params, capacity, tenant_caps)
+    if not chosen:
         return []
-    claimed = yield "claim_ids", params | {"ids": taken}
-    rated = [t for t in taken_types if t in limits.rate]
+    claimed = yield "claim_ids", params | {"ids": [r["id"] for r in chosen]}
+    rated = [r["type"] for r in chosen if r["type"] in limits.rate]
+    rated += [
+        fairness.tenant_key(r["tenant"])
+        for r in chosen
+        if r["tenant"] in per_tenant and per_tenant[r["tenant"]].rate
+    ]
     if rated:
         yield "record_rate_starts", {"types": rated}
     return claimed
 
 
-def _admit(params: dict[str, Any], capacity: FlowCapacity) -> Script[tuple[list[str], list[str]]]:
-    """Choose due jobs in claim order that fit the capacity; return their ids and types."""
+def _admit(
+    params: dict[str, Any], capacity: FlowCapacity, tenant_caps: FlowCapacity | None
+) -> Script[list[Any]]:
+    """Choose due jobs in claim order that fit the capacity; return their rows."""
     taken: list[str] = []
-    taken_types: list[str] = []
+    chosen: list[Any] = []
     for _ in range(_CLAIM_ROUNDS):
         want = params["limit"] - len(taken)
         rows = yield (
@@ -1029,13 +1069,19 @@ def _admit(params: dict[str, Any], capacity: FlowCapacity) -> Script[tuple[list[
                 "taken": list(taken),
             },
         )
+        blocked = len(capacity.blocked_types) + len(capacity.blocked_keys)
+        before = len(taken)
         for r in rows:
-            if capacity.take(r["type"], r["concurrency_key"]):
+            if fairness.fits(r, capacity, tenant_caps):
                 taken.append(r["id"])
-                taken_types.append(r["type"])
+                chosen.append(r)
         if len(rows) < want or len(taken) >= params["limit"]:
             break
-    return taken, taken_types
+        if len(taken) == before and blocked == len(capacity.blocked_types) + len(
+            capacity.blocked_keys
+        ):
+            break  # nothing fitted and nothing new is left out: another round finds the same
+    return chosen
 
 
 # -- the dashboard's rows ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
+from conveyor.core.flow import TenantLimit
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 
@@ -143,16 +144,18 @@ class Limits:
     ``local``: how many more jobs of a type this worker may start now. ``cluster``: at
     most this many running across all workers (running jobs whose lease expired do not
     count). ``per_key``: at most this many running per ``concurrency_key``. ``rate``:
-    at most ``count`` starts in any ``window`` seconds, across all workers.
+    at most ``count`` starts in any ``window`` seconds, across all workers. ``tenants``:
+    the operator's limits per tenant (``"*"``: of every tenant without its own).
     """
 
     local: Mapping[str, int] = field(default_factory=dict)
     cluster: Mapping[str, int] = field(default_factory=dict)
     per_key: Mapping[str, int] = field(default_factory=dict)
     rate: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    tenants: Mapping[str, TenantLimit] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.local or self.cluster or self.per_key or self.rate)
+        return bool(self.local or self.cluster or self.per_key or self.rate or self.tenants)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +368,9 @@ class Store(Protocol):
     async def workers(self) -> list[WorkerInfo]:
         """Return workers, live ones first."""
 
-    async def queues(self) -> list[QueueInfo]:
-        """Return every known queue with its counts."""
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        """Return every known queue with its counts (``tenant``: of that tenant's jobs only,
+        with the queues it has jobs in and the paused ones)."""
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         """Pause or resume claiming from a queue."""
@@ -429,8 +433,12 @@ class Store(Protocol):
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         """Return the names of named leases ever taken, by name."""
 
-    async def running_by_worker(self) -> dict[str, int]:
-        """Count running jobs per worker id, on the index of running jobs' leases."""
+    async def count_queued(self, tenant: str) -> int:
+        """How many jobs ``tenant`` has queued."""
+
+    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
+        """Count running jobs per worker id, on the index of running jobs' leases
+        (``tenant``: that tenant's jobs only)."""
 
 
 @dataclass(frozen=True, slots=True)

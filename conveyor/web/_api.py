@@ -25,11 +25,12 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
 from conveyor.web import _pages as pages
+from conveyor.web import _paths  # noqa: F401  (registers {job_id:job})
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
 from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, conveyor_of
 from conveyor.web._guards import within
-from conveyor.web._metrics import CONTENT_TYPE, render
+from conveyor.web._metrics import CONTENT_TYPE, render, render_tenant
 from conveyor.web._openapi import header, submit_body
 from conveyor.web._problems import RETRY_AFTER, ProblemError
 from conveyor.web._problems import problem_responses as problems
@@ -55,8 +56,11 @@ def _options(request: Request) -> ApiOptions:
     return options
 
 
+# A job's id; an admin names a tenant's job by its stored id, ``tenant/id`` (core/ids.py),
+# so the routes take one or two path segments (web/_paths.py); GET /jobs/{id} is declared
+# after the routes below a job.
 JobId = Annotated[
-    str, Path(min_length=1, max_length=200, pattern=s.NUL_FREE, description="The job's id.")
+    str, Path(min_length=1, max_length=301, pattern=s.NUL_FREE, description="The job's id.")
 ]
 QueueName = Annotated[
     str, Path(min_length=1, max_length=100, pattern=s.NUL_FREE, description="A queue.")
@@ -175,7 +179,52 @@ async def list_jobs(
 
 
 @router.get(
-    "/jobs/{job_id}",
+    "/jobs/{job_id:job}/attempts",
+    response_model=s.AttemptListOut,
+    summary="A job's attempts, oldest first, with errors and tracebacks",
+    tags=["jobs"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.READ),
+)
+async def job_attempts(job_id: JobId, view: Reader) -> Response:
+    attempts = await view.attempts(job_id)
+    return JSONResponse({"attempts": [answer.attempt(a) for a in attempts]})
+
+
+@router.get(
+    "/jobs/{job_id:job}/children",
+    response_model=s.JobListOut,
+    summary="The jobs a job spawned, newest first, a page at a time",
+    tags=["jobs"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.READ),
+)
+async def job_children(
+    request: Request, job_id: JobId, view: Reader, limit: Limit = 50, cursor: Cursor = None
+) -> Response:
+    await view.get(job_id)
+
+    async def fetch(position: str | None, count: int) -> JobPage:
+        return await view.children(job_id, cursor=position, limit=count)
+
+    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
+
+
+@router.get(
+    "/jobs/{job_id:job}/events",
+    response_model=s.EventListOut,
+    summary="A job's events besides its attempts (reopened), oldest first",
+    tags=["jobs"],
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra=_role(Role.READ),
+)
+async def job_events(job_id: JobId, view: Reader) -> Response:
+    events = await view.events(job_id)
+    return JSONResponse({"events": [answer.event(e) for e in events]})
+
+
+@router.get(
+    "/jobs/{job_id:job}",
     response_model=s.JobOut,
     summary="Read a job; ?wait=N long-polls until it ends",
     tags=["jobs"],
@@ -210,44 +259,14 @@ async def get_job(
         raise ProblemError(422, f"wait: at most {longest:g} seconds; poll again after that")
     job = await view.get(job_id)
     if wait > 0 and not job.terminal:
-        job = await _wait_for_end(request, job, wait, view.principal.token_id)
+        job = view.shown(
+            await _wait_for_end(request, view.stored_id(job_id), wait, view.principal.token_id)
+        )
     return answer.polled_job(request, job)
 
 
-@router.get(
-    "/jobs/{job_id}/attempts",
-    response_model=s.AttemptListOut,
-    summary="A job's attempts, oldest first, with errors and tracebacks",
-    tags=["jobs"],
-    responses=problems(401, 403, 404, 422, 503),
-    openapi_extra=_role(Role.READ),
-)
-async def job_attempts(job_id: JobId, view: Reader) -> Response:
-    attempts = await view.attempts(job_id)
-    return JSONResponse({"attempts": [answer.attempt(a) for a in attempts]})
-
-
-@router.get(
-    "/jobs/{job_id}/children",
-    response_model=s.JobListOut,
-    summary="The jobs a job spawned, newest first, a page at a time",
-    tags=["jobs"],
-    responses=problems(401, 403, 404, 422, 503),
-    openapi_extra=_role(Role.READ),
-)
-async def job_children(
-    request: Request, job_id: JobId, view: Reader, limit: Limit = 50, cursor: Cursor = None
-) -> Response:
-    await view.get(job_id)
-
-    async def fetch(position: str | None, count: int) -> JobPage:
-        return await view.children(job_id, cursor=position, limit=count)
-
-    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
-
-
 @router.post(
-    "/jobs/{job_id}/cancel",
+    "/jobs/{job_id:job}/cancel",
     response_model=s.JobOut,
     summary="Cancel a job (a running one is asked to stop: 202)",
     tags=["jobs"],
@@ -264,7 +283,7 @@ async def cancel_job(request: Request, job_id: JobId, view: Writer) -> Response:
 
 
 @router.post(
-    "/jobs/{job_id}/retry",
+    "/jobs/{job_id:job}/retry",
     status_code=202,
     response_model=s.JobOut,
     summary="Retry a failed or cancelled job as a new job (the old one is kept)",
@@ -277,11 +296,11 @@ async def cancel_job(request: Request, job_id: JobId, view: Writer) -> Response:
 )
 async def retry_job(request: Request, job_id: JobId, view: Writer) -> Response:
     new = await view.retry(job_id)
-    return answer.accepted(new, prefix=answer.jobs_prefix(request))
+    return answer.created(new, prefix=answer.jobs_prefix(request))
 
 
 @router.post(
-    "/jobs/{job_id}/retry-failed-children",
+    "/jobs/{job_id:job}/retry-failed-children",
     response_model=s.RetriedOut,
     summary="Retry every failed job below a job; its failed ancestors wait again",
     tags=["jobs"],
@@ -292,19 +311,6 @@ async def retry_failed_children(request: Request, job_id: JobId, view: Writer) -
     new = await view.retry_failed_children(job_id)
     prefix = answer.jobs_prefix(request)
     return JSONResponse({"retried": [job_resource(j, prefix) for j in new]})
-
-
-@router.get(
-    "/jobs/{job_id}/events",
-    response_model=s.EventListOut,
-    summary="A job's events besides its attempts (reopened), oldest first",
-    tags=["jobs"],
-    responses=problems(401, 403, 404, 422, 503),
-    openapi_extra=_role(Role.READ),
-)
-async def job_events(job_id: JobId, view: Reader) -> Response:
-    events = await view.events(job_id)
-    return JSONResponse({"events": [answer.event(e) for e in events]})
 
 
 # -- operations -------------------------------------------------------------------------------
@@ -391,7 +397,7 @@ async def list_schedules(view: Reader) -> Response:
 )
 async def run_schedule(request: Request, name: ScheduleName, view: Admin) -> Response:
     job = await view.run_schedule(name)
-    return answer.accepted(job, prefix=answer.jobs_prefix(request))
+    return answer.created(job, prefix=answer.jobs_prefix(request))
 
 
 @router.post(
@@ -486,6 +492,8 @@ async def ready(request: Request) -> Response:
 )
 async def prometheus_metrics(request: Request, view: Reader) -> Response:
     state = request.app.state
+    if not view.principal.is_admin:  # a tenant's token: its own jobs' counts only
+        return Response(render_tenant(await view.queues()), media_type=CONTENT_TYPE)
     text = await render(view.app, state.metrics, polls=state.waiters.polls)
     return Response(text, media_type=CONTENT_TYPE)
 
@@ -493,16 +501,16 @@ async def prometheus_metrics(request: Request, view: Reader) -> Response:
 # -- reading requests -------------------------------------------------------------------------
 
 
-async def _wait_for_end(request: Request, job: Job, wait: float, token_id: str) -> Job:
-    """Long-poll: the job once it ends, or as it is after ``wait`` seconds."""
+async def _wait_for_end(request: Request, job_id: str, wait: float, token_id: str) -> Job:
+    """Long-poll: the job (by its stored id) once it ends, or as it is after ``wait`` s."""
     state = request.app.state
     async with state.long_polls.slot(token_id):
         state.metrics.long_polls.inc()
         try:
-            latest: Job | None = await state.waiters.wait(job.id, wait)
+            latest: Job | None = await state.waiters.wait(job_id, wait)
         finally:
             state.metrics.long_polls.dec()
-    return latest if latest is not None else (await conveyor_of(request).get(job.id)).record
+    return latest if latest is not None else (await conveyor_of(request).get(job_id)).record
 
 
 async def _body(request: Request) -> bytes:

@@ -117,6 +117,29 @@ async def render(app: Conveyor, metrics: ApiMetrics, *, polls: int) -> bytes:
     )
 
 
+def render_tenant(queues: list[QueueInfo]) -> bytes:
+    """The metrics a tenant's token reads: its own jobs by queue and status, and which
+    queues are paused; nothing of other tenants, the API's traffic or the workers."""
+    jobs, paused = _queue_families(queues)
+    snapshot = CollectorRegistry()
+    snapshot.register(_Snapshot([jobs, paused]))
+    return generate_latest(snapshot)
+
+
+def _queue_families(queues: list[QueueInfo]) -> tuple[Metric, Metric]:
+    jobs = GaugeMetricFamily(
+        "conveyor_jobs", "Jobs by queue and status.", labels=["queue", "status"]
+    )
+    paused = GaugeMetricFamily(
+        "conveyor_queue_paused", "1 when the queue is paused.", labels=["queue"]
+    )
+    for q in queues:
+        paused.add_metric([q.name], 1.0 if q.paused else 0.0)
+        for status in Status:
+            jobs.add_metric([q.name, status.value], float(q.counts.get(status.value, 0)))
+    return jobs, paused
+
+
 def _lag(lag: list[QueueLag]) -> list[Metric]:
     due = GaugeMetricFamily(
         "conveyor_queue_due_jobs",
@@ -135,16 +158,7 @@ def _lag(lag: list[QueueLag]) -> list[Metric]:
 
 
 def _cluster(queues: list[QueueInfo], health: Health) -> list[Metric]:
-    jobs = GaugeMetricFamily(
-        "conveyor_jobs", "Jobs by queue and status.", labels=["queue", "status"]
-    )
-    paused = GaugeMetricFamily(
-        "conveyor_queue_paused", "1 when the queue is paused.", labels=["queue"]
-    )
-    for q in queues:
-        paused.add_metric([q.name], 1.0 if q.paused else 0.0)
-        for status in Status:
-            jobs.add_metric([q.name, status.value], float(q.counts.get(status.value, 0)))
+    jobs, paused = _queue_families(queues)
     c = health.counts
     due = GaugeMetricFamily("conveyor_jobs_due", "Queued jobs whose run_at has passed.")
     due.add_metric([], float(c.due))

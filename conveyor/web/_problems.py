@@ -27,6 +27,7 @@ from conveyor.errors import (
     JobNotFound,
     ScheduleNotFound,
     TokenNotFound,
+    TooManyQueued,
     UnknownJobType,
 )
 
@@ -139,6 +140,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (ScheduleNotFound, 404),
     (Forbidden, 403),
     (IdempotencyConflict, 409),
+    (TooManyQueued, 429),
     (InvalidState, 409),
     (IllegalTransition, 409),
     (UnknownJobType, 422),

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from conveyor._resource import iso, job_resource, job_url
+from conveyor._scoped import as_its_tenant_sees
 from conveyor.client import Health
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
@@ -25,8 +26,16 @@ def accepted(
 ) -> JSONResponse:
     """A ``202 Accepted`` answer with the job's resource, ``Location`` its URL.
 
-    What :meth:`conveyor.JobHandle.accepted` returns, for an application's own endpoints.
+    What :meth:`conveyor.JobHandle.accepted` returns, for an application's own endpoints:
+    a tenant's job as its tenant's token reads it (its id without the tenant prefix).
     """
+    return created(as_its_tenant_sees(job), prefix=prefix, headers=headers)
+
+
+def created(
+    job: Job, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """A ``202 Accepted`` answer with the job's resource as the API's caller sees it."""
     return JSONResponse(
         job_resource(job, prefix),
         status_code=202,
@@ -103,8 +112,8 @@ def event(e: JobEvent) -> dict[str, Any]:
 def worker(w: WorkerInfo) -> dict[str, Any]:
     return {
         "id": w.id,
-        "hostname": w.hostname,
-        "pid": w.pid,
+        "hostname": w.hostname or None,  # withheld from tokens that are not admins'
+        "pid": w.pid or None,
         "queues": list(w.queues),
         "concurrency": w.concurrency,
         "started_at": iso(w.started_at),

@@ -212,8 +212,8 @@ class RetriedOut(BaseModel):
 
 class WorkerOut(BaseModel):
     id: str
-    hostname: str
-    pid: int
+    hostname: str | None  # null for tokens that are not admins'
+    pid: int | None
     queues: list[str]
     concurrency: int
     started_at: datetime | None

@@ -22,7 +22,7 @@ from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
-from conveyor.store._scripts import Row, Script, check_dependencies, drive, dumps
+from conveyor.store._scripts import Row, Script, check_dependencies, check_same_tenant, drive, dumps
 from conveyor.store.protocol import Lease, Submitted
 
 T = TypeVar("T")
@@ -237,8 +237,8 @@ def _insert_batch(
             },
         )
         by_id = {row["id"]: row for row in existing}
-        by_key = {
-            row["unique_key"]: row
+        by_key = {  # keys are held per tenant
+            (row["tenant"], row["unique_key"]): row
             for row in existing
             if row["unique_key"] is not None and Status(row["status"]) in ACTIVE
         }
@@ -247,11 +247,13 @@ def _insert_batch(
             new = jobs[i]
             found = by_id.get(new.id)
             if found is None and new.unique_key is not None:
-                found = by_key.get(new.unique_key)
+                found = by_key.get((new.tenant, new.unique_key))
             if found is None:
                 pending.append(i)  # its key's holder ended meanwhile: insert it again
             else:
-                results[i] = Submitted(job_of_row(found), created=False)
+                held = job_of_row(found)
+                check_same_tenant(new, held)
+                results[i] = Submitted(held, created=False)
         if not pending:
             break
     else:

@@ -42,6 +42,7 @@ from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
+from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
 from conveyor.store._rows import STATUS
@@ -159,6 +160,7 @@ class PostgresStore(SharedReads):
         self._params = parse_postgres_url(url)
         self._clock = clock
         self._auto_migrate = migrate
+        self._tenant_mix = TenantMix()
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -552,11 +554,17 @@ class PostgresStore(SharedReads):
             "lease": float(lease),
             "now": self._now(),
         }
-        flow = limits
+        # Fairness across tenants: a look, at most once a second, at whether two or more
+        # tenants have jobs queued (store/_fairness.py).
+        if self._tenant_mix.stale():
+            self._tenant_mix.saw(await self._fetch("queued_tenants", {"limit": 2}))
+        fair = self._tenant_mix.mixed
+        flow = limits or Limits()
+        scripted = bool(limits) or fair
 
         def claim(conn: SyncConnection) -> list[Job]:
-            if flow:
-                rows = self._drive(conn, scripts.claim_limited(params, flow))
+            if scripted:
+                rows = self._drive(conn, scripts.claim_limited(params, flow, fair=fair))
                 jobs = [job_of_row(r) for r in rows]
             else:
                 jobs = fetch_jobs(conn, _Q["claim"], params)
@@ -564,7 +572,7 @@ class PostgresStore(SharedReads):
             return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 
         # A plain claim is one statement: autocommit, one round trip.
-        return await self._transaction(claim, atomic=bool(flow), then=on_claimed)
+        return await self._transaction(claim, atomic=scripted, then=on_claimed)
 
     async def heartbeat(
         self,
@@ -717,7 +725,9 @@ class PostgresStore(SharedReads):
     async def workers(self) -> list[WorkerInfo]:
         return [scripts.worker_info(DIALECT, row) for row in await self._fetch("workers")]
 
-    async def queues(self) -> list[QueueInfo]:
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        if tenant is not None:
+            return scripts.queue_infos(await self._fetch("tenant_queues", {"tenant": tenant}))
         return scripts.queue_infos(await self._fetch("queues"))
 
     async def set_paused(self, queue: str, paused: bool) -> None:

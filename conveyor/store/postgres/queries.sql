@@ -318,6 +318,15 @@ SELECT coalesce(counts.queue, q.name) AS name, coalesce(q.paused, false) AS paus
 FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs GROUP BY queue, status) AS counts
 FULL JOIN conveyor_queues q ON q.name = counts.queue;
 
+-- name: tenant_queues
+-- The queues one tenant has jobs in, with its number of jobs per status, and every queue
+-- with a pause record (on conveyor_jobs_tenant_created: the tenant's rows only).
+SELECT coalesce(counts.queue, q.name) AS name, coalesce(q.paused, false) AS paused,
+       counts.status, counts.n
+FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs WHERE tenant = %(tenant)s
+      GROUP BY queue, status) AS counts
+FULL JOIN conveyor_queues q ON q.name = counts.queue;
+
 -- name: set_paused
 -- Pause or resume claiming from a queue (a trigger wakes workers on resume).
 INSERT INTO conveyor_queues (name, paused, paused_at)
@@ -650,10 +659,10 @@ FROM unnest(%(types)s::text[]) AS type;
 -- name: claim_candidates
 -- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit,
 -- locked until the claim commits; rows another worker is claiming are skipped.
-SELECT due.id, due.type, due.concurrency_key
+SELECT due.id, due.type, due.concurrency_key, due.tenant
 FROM unnest(%(queues)s::text[]) AS wanted (queue)
 CROSS JOIN LATERAL (
-    SELECT id, type, concurrency_key, priority, run_at FROM conveyor_jobs
+    SELECT id, type, concurrency_key, tenant, priority, run_at FROM conveyor_jobs
     WHERE status = 'queued'
       AND queue = wanted.queue
       AND run_at <= coalesce(%(now)s::timestamptz, now())
@@ -668,6 +677,51 @@ CROSS JOIN LATERAL (
 WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
 ORDER BY due.priority, due.run_at, due.id
 LIMIT %(limit)s;
+
+-- name: queued_tenants
+-- Fair claiming (store/_fairness.py; its queries run up to claim_ids). The tenants that
+-- have queued jobs, by name: a loose scan of conveyor_jobs_tenant_claim, one seek per
+-- tenant however many jobs each has queued.
+WITH RECURSIVE t (tenant) AS (
+    SELECT (SELECT min(tenant) FROM conveyor_jobs
+            WHERE status = 'queued' AND tenant IS NOT NULL)
+    UNION ALL
+    SELECT (SELECT min(j.tenant) FROM conveyor_jobs AS j
+            WHERE j.status = 'queued' AND j.tenant > t.tenant)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT %(limit)s;
+
+-- name: tenant_candidates
+-- Each given tenant's first %(limit)s due jobs in claim order, per queue (each one a range
+-- of conveyor_jobs_tenant_claim, read in order), locked until the claim commits; rows
+-- another worker is claiming are skipped.
+SELECT due.id, due.type, due.concurrency_key, due.tenant
+FROM unnest(%(tenants)s::text[]) AS t (tenant)
+CROSS JOIN unnest(%(queues)s::text[]) AS wanted (queue)
+CROSS JOIN LATERAL (
+    SELECT id, type, concurrency_key, tenant, priority, run_at FROM conveyor_jobs
+    WHERE status = 'queued'
+      AND tenant = t.tenant
+      AND queue = wanted.queue
+      AND run_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
+ORDER BY due.tenant, due.priority, due.run_at, due.id;
+
+-- name: running_per_tenant
+-- Running jobs with a live lease, per tenant, among the given tenants.
+SELECT tenant, count(*) AS n FROM conveyor_jobs
+WHERE status = 'running' AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+  AND tenant = ANY(%(tenants)s::text[])
+GROUP BY tenant;
+
+-- name: tenant_queued
+-- How many jobs a tenant has queued (a range of conveyor_jobs_tenant_claim).
+SELECT count(*) AS n FROM conveyor_jobs WHERE status = 'queued' AND tenant = %(tenant)s;
 
 -- name: claim_ids
 -- Lease the chosen jobs. They are queued and locked by this transaction (claim_candidates);
@@ -1041,6 +1095,12 @@ ORDER BY 1;
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;
+
+-- name: tenant_running_by_worker
+-- One tenant's running jobs per worker (on conveyor_jobs_leases, partial on held leases).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs
+WHERE lease_expires_at IS NOT NULL AND status = 'running' AND tenant = %(tenant)s
+GROUP BY lease_owner;
 
 -- name: running_by_worker
 -- Running jobs per worker (on conveyor_jobs_leases, partial on held leases).

@@ -15,7 +15,7 @@ from typing import Any
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress
 from conveyor.store._rows import STATUS, job_picker
-from conveyor.store._scripts import Row, Script, check_dependencies, dumps
+from conveyor.store._scripts import Row, Script, check_dependencies, check_same_tenant, dumps
 from conveyor.store.protocol import Submitted
 
 
@@ -224,7 +224,10 @@ def _insert(job: NewJob, params: dict[str, Any]) -> Script[Submitted]:
         return Submitted(job_of_row(row), created=True)
     existing = yield "get", {"id": params["id"]}
     if not existing and params["unique_key"] is not None:
-        existing = yield "get_active_by_unique_key", {"unique_key": params["unique_key"]}
+        key = {"unique_key": params["unique_key"], "tenant": params["tenant"]}
+        existing = yield "get_active_by_unique_key", key
     if not existing:
         raise RuntimeError(f"job {params['id']!r} was neither inserted nor found")
-    return Submitted(job_of_row(existing[0]), created=False)
+    holder = job_of_row(existing[0])
+    check_same_tenant(job, holder)
+    return Submitted(holder, created=False)

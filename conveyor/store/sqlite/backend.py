@@ -24,6 +24,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, NotAConveyorDatabase
 from conveyor.store import _scripts as scripts
+from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._reads import SharedReads
 from conveyor.store._rows import STATUS
@@ -85,6 +86,7 @@ class SQLiteStore(SharedReads):
         self._watcher: threading.Thread | None = None
         self._watch_stop = threading.Event()
         self._wake: asyncio.Event | None = None
+        self._tenant_mix = TenantMix()
         self._commits = 0  # commits begun (counted just before COMMIT)
         self._committed = 0  # commits done
 
@@ -309,15 +311,17 @@ class SQLiteStore(SharedReads):
             "limit": limit,
             "lease": lease,
         }
-        if limits:
-            script = scripts.claim_limited(params, limits)
-
-            def claim_limited(conn: sqlite3.Connection) -> list[Job]:
-                return [job_of_row(r) for r in self._drive(conn, script)]
-
-            return await self._write(claim_limited, on_claimed)
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
+            # Fairness across tenants: a look, at most once a second, at whether two or
+            # more tenants have jobs queued (store/_fairness.py).
+            if self._tenant_mix.stale():
+                self._tenant_mix.saw(conn.execute(_Q["queued_tenants"], {"limit": 2}).fetchall())
+            if limits or self._tenant_mix.mixed:
+                script = scripts.claim_limited(
+                    params, limits or Limits(), fair=self._tenant_mix.mixed
+                )
+                return [job_of_row(r) for r in self._drive(conn, script)]
             # The lease starts now that this transaction holds the write lock: a time read
             # before waiting for it would store a lease that may already have expired.
             return jobs_of(conn.execute(_Q["claim"], params | {"now": self._clock()}))
@@ -517,7 +521,9 @@ class SQLiteStore(SharedReads):
     async def workers(self) -> list[WorkerInfo]:
         return [scripts.worker_info(DIALECT, r) for r in await self._fetch("workers")]
 
-    async def queues(self) -> list[QueueInfo]:
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        if tenant is not None:
+            return scripts.queue_infos(await self._fetch("tenant_queues", {"tenant": tenant}))
         return scripts.queue_infos(await self._fetch("queues"))
 
     async def set_paused(self, queue: str, paused: bool) -> None:

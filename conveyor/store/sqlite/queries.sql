@@ -49,9 +49,10 @@ RETURNING id, status, run_at, created_at;
 SELECT * FROM conveyor_jobs WHERE id = :id;
 
 -- name: get_active_by_unique_key
--- The active job holding a unique key.
+-- The active job holding a unique key in a tenant (keys are held per tenant).
 SELECT * FROM conveyor_jobs
-WHERE unique_key = :unique_key AND status IN ('pending', 'queued', 'running', 'waiting');
+WHERE unique_key = :unique_key AND coalesce(tenant, '') = coalesce(:tenant, '')
+  AND status IN ('pending', 'queued', 'running', 'waiting');
 
 -- name: attempts
 -- A job's attempts, oldest first.
@@ -218,6 +219,17 @@ LEFT JOIN conveyor_queues AS q ON q.name = c.queue
 UNION ALL
 SELECT q.name, q.paused, NULL, NULL FROM conveyor_queues AS q
 WHERE NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.queue = q.name);
+
+-- name: tenant_queues
+-- The queues one tenant has jobs in, with its number of jobs per status, and every queue
+-- with a pause record (on conveyor_jobs_tenant_created: the tenant's rows only).
+SELECT c.queue AS name, coalesce(q.paused, 0) AS paused, c.status, c.n
+FROM (SELECT queue, status, count(*) AS n FROM conveyor_jobs WHERE tenant = :tenant
+      GROUP BY queue, status) AS c
+LEFT JOIN conveyor_queues AS q ON q.name = c.queue
+UNION ALL
+SELECT q.name, q.paused, NULL, NULL FROM conveyor_queues AS q
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_jobs AS j WHERE j.tenant = :tenant AND j.queue = q.name);
 
 -- name: set_paused
 -- Pause or resume claiming from a queue.
@@ -437,7 +449,7 @@ LIMIT :limit;
 
 -- name: claim_candidates
 -- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit.
-SELECT id, type, concurrency_key FROM conveyor_jobs
+SELECT id, type, concurrency_key, tenant FROM conveyor_jobs
 WHERE status = 'queued'
   AND queue IN (SELECT value FROM json_each(:queues))
   AND run_at <= :now
@@ -448,6 +460,48 @@ WHERE status = 'queued'
   AND id NOT IN (SELECT value FROM json_each(:taken))
 ORDER BY priority, run_at, id
 LIMIT :limit;
+
+-- name: queued_tenants
+-- Fair claiming (store/_fairness.py; its queries run up to claim_ids). The tenants that
+-- have queued jobs, by name: a loose scan of conveyor_jobs_tenant_claim, one seek per
+-- tenant however many jobs each has queued.
+WITH RECURSIVE t (tenant) AS (
+    SELECT (SELECT min(tenant) FROM conveyor_jobs INDEXED BY conveyor_jobs_tenant_claim
+            WHERE status = 'queued' AND tenant IS NOT NULL)
+    UNION ALL
+    SELECT (SELECT min(j.tenant) FROM conveyor_jobs AS j INDEXED BY conveyor_jobs_tenant_claim
+            WHERE j.status = 'queued' AND j.tenant > t.tenant)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT :limit;
+
+-- name: tenant_candidates
+-- Each given tenant's first :limit due jobs in claim order, per queue (each one a range of
+-- conveyor_jobs_tenant_claim, read in order).
+SELECT j.id, j.type, j.concurrency_key, j.tenant
+FROM json_each(:tenants) AS t
+CROSS JOIN json_each(:queues) AS q
+JOIN conveyor_jobs AS j ON j.id IN (
+    SELECT c.id FROM conveyor_jobs AS c INDEXED BY conveyor_jobs_tenant_claim
+    WHERE c.status = 'queued' AND c.tenant = t.value AND c.queue = q.value
+      AND c.run_at <= :now
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT :limit
+)
+WHERE q.value NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
+ORDER BY j.tenant, j.priority, j.run_at, j.id;
+
+-- name: running_per_tenant
+-- Running jobs with a live lease, per tenant, among the given tenants.
+SELECT tenant, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
+WHERE status = 'running' AND lease_expires_at > :now
+  AND tenant IN (SELECT value FROM json_each(:tenants))
+GROUP BY tenant;
+
+-- name: tenant_queued
+-- How many jobs a tenant has queued (a range of conveyor_jobs_tenant_claim).
+SELECT count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_tenant_claim
+WHERE status = 'queued' AND tenant = :tenant;
 
 -- name: claim_ids
 -- Lease the chosen jobs.
@@ -825,6 +879,12 @@ ORDER BY minute;
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;
+
+-- name: tenant_running_by_worker
+-- One tenant's running jobs per worker (on conveyor_jobs_leases, partial on running jobs).
+SELECT lease_owner, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
+WHERE status = 'running' AND lease_expires_at IS NOT NULL AND tenant = :tenant
+GROUP BY lease_owner;
 
 -- name: running_by_worker
 -- Running jobs per worker (on conveyor_jobs_leases, partial on running jobs).

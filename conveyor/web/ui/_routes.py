@@ -28,6 +28,7 @@ from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
 from conveyor.errors import ConfigurationError, Forbidden, JobNotFound
+from conveyor.web import _paths  # noqa: F401  (registers {job_id:job})
 from conveyor.web.ui import _charts
 from conveyor.web.ui._session import (
     COOKIE,
@@ -432,7 +433,7 @@ def _remember(signed: Signed, message: str) -> None:
     signed.session.flash = [message]
 
 
-@router.get("/jobs/{job_id}")
+@router.get("/jobs/{job_id:job}")
 async def job_page(request: Request, job_id: str) -> Response:
     signed = await _signed(request)
     view = signed.view
@@ -520,7 +521,7 @@ async def _retry_chain(view: TenantView, job: Job, *, most: int = 20) -> list[Jo
     return chain
 
 
-@router.post("/jobs/{job_id}/cancel")
+@router.post("/jobs/{job_id:job}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     after = await signed.view.cancel(job_id)
@@ -528,7 +529,7 @@ async def cancel(request: Request, job_id: str) -> Response:
     return _back(request, f"/jobs/{quote(job_id, safe='')}")
 
 
-@router.post("/jobs/{job_id}/retry")
+@router.post("/jobs/{job_id:job}/retry")
 async def retry(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     new = await signed.view.retry(job_id)
@@ -536,7 +537,7 @@ async def retry(request: Request, job_id: str) -> Response:
     return _back(request, f"/jobs/{quote(new.id, safe='')}")
 
 
-@router.post("/jobs/{job_id}/retry-failed-children")
+@router.post("/jobs/{job_id:job}/retry-failed-children")
 async def retry_children(request: Request, job_id: str) -> Response:
     signed, _ = await _acting(request)
     new = await signed.view.retry_failed_children(job_id)
