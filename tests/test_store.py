@@ -669,6 +669,7 @@ async def test_the_tenant_namespace_migration_moves_live_jobs_with_their_referen
         assert await upgraded.get("parent") is None
         parent = await upgraded.get("acme/parent")
         assert parent is not None and parent.status is Status.RUNNING
+        assert parent.below is not None and parent.below.total == 1  # its counts moved too
         child = await upgraded.get("acme/child")
         assert child is not None and (child.parent_id, child.root_id) == ("acme/parent",) * 2
         after = await upgraded.get("acme/after")

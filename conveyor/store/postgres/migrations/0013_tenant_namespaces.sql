@@ -3,7 +3,8 @@
 -- use the same id, and the jobs they name are two rows (conveyor/core/ids.py).
 --
 -- Jobs stored before this migration under their bare id move to their qualified id, with
--- every reference to them: parents, roots, retries, dependencies and attempts. A job
+-- every reference to them: parents, roots, retries, dependencies, attempts, tree counts,
+-- completion callbacks and job events. A job
 -- running meanwhile loses its lease (its worker's heartbeat no longer finds it) and is
 -- rescued and run again, as after a crash: stop the workers to migrate.
 CREATE TABLE conveyor_tenant_id_moves AS
@@ -30,6 +31,14 @@ UPDATE conveyor_dependencies AS d SET depends_on_id = m.new FROM conveyor_tenant
 WHERE d.depends_on_id = m.old;
 UPDATE conveyor_attempts AS a SET job_id = m.new FROM conveyor_tenant_id_moves AS m
 WHERE a.job_id = m.old;
+UPDATE conveyor_jobs AS j SET retried_by = m.new FROM conveyor_tenant_id_moves AS m
+WHERE j.retried_by = m.old;
+UPDATE conveyor_job_counts AS c SET job_id = m.new FROM conveyor_tenant_id_moves AS m
+WHERE c.job_id = m.old;
+UPDATE conveyor_callbacks AS c SET job_id = m.new FROM conveyor_tenant_id_moves AS m
+WHERE c.job_id = m.old;
+UPDATE conveyor_job_events AS e SET job_id = m.new FROM conveyor_tenant_id_moves AS m
+WHERE e.job_id = m.old;
 UPDATE conveyor_jobs AS j SET id = m.new FROM conveyor_tenant_id_moves AS m
 WHERE j.id = m.old;
 DROP TABLE conveyor_tenant_id_moves;

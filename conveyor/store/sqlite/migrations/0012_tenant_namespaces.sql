@@ -3,7 +3,8 @@
 -- use the same id, and the jobs they name are two rows (conveyor/core/ids.py).
 --
 -- Jobs stored before this migration under their bare id move to their qualified id, with
--- every reference to them: parents, roots, retries, dependencies and attempts. A job
+-- every reference to them: parents, roots, retries, dependencies, attempts, tree counts,
+-- completion callbacks and job events. A job
 -- running meanwhile loses its lease (its worker's heartbeat no longer finds it) and is
 -- rescued and run again, as after a crash: stop the workers to migrate.
 CREATE TABLE conveyor_tenant_id_moves AS
@@ -31,6 +32,14 @@ UPDATE conveyor_dependencies
 SET depends_on_id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = depends_on_id)
 WHERE depends_on_id IN (SELECT old FROM conveyor_tenant_id_moves);
 UPDATE conveyor_attempts SET job_id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = job_id)
+WHERE job_id IN (SELECT old FROM conveyor_tenant_id_moves);
+UPDATE conveyor_jobs SET retried_by = (SELECT new FROM conveyor_tenant_id_moves WHERE old = retried_by)
+WHERE retried_by IN (SELECT old FROM conveyor_tenant_id_moves);
+UPDATE conveyor_job_counts SET job_id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = job_id)
+WHERE job_id IN (SELECT old FROM conveyor_tenant_id_moves);
+UPDATE conveyor_callbacks SET job_id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = job_id)
+WHERE job_id IN (SELECT old FROM conveyor_tenant_id_moves);
+UPDATE conveyor_job_events SET job_id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = job_id)
 WHERE job_id IN (SELECT old FROM conveyor_tenant_id_moves);
 UPDATE conveyor_jobs SET id = (SELECT new FROM conveyor_tenant_id_moves WHERE old = id)
 WHERE id IN (SELECT old FROM conveyor_tenant_id_moves);
