@@ -320,6 +320,7 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
     if next(_observed_runs) % 2:
         order.reverse()
     rates: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for number, (name, (extra, env_extra)) in enumerate(order):
         if number:
             _empty(backend, url)
@@ -327,12 +328,17 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
             backend, url, jobs, concurrency, processes=1, extra=extra, env_extra=env_extra
         )
         rates[name] = result["jobs_per_s"]
+        cpu[name] = result["worker_cpu_us_per_job"]
     ratio = rates["observed"] / rates["quiet"]
     return {
         "quiet_jobs_per_s": rates["quiet"],
         "observed_jobs_per_s": rates["observed"],
         "observed_over_quiet": ratio,
         "loss_pct": (1 - ratio) * 100,
+        # Worker CPU per job is steadier than wall-clock time on a busy machine.
+        "quiet_cpu_us_per_job": cpu["quiet"],
+        "observed_cpu_us_per_job": cpu["observed"],
+        "cpu_observed_over_quiet": cpu["observed"] / cpu["quiet"],
     }
 
 

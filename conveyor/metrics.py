@@ -125,6 +125,10 @@ class Metrics:
             buckets=_STORE_BUCKETS,
             registry=r,
         )
+        # The worker's operations, looked up once rather than per call.
+        self.claim_seconds = self.store_seconds.labels("claim")
+        self.settle_seconds = self.store_seconds.labels("settle")
+        self.heartbeat_seconds = self.store_seconds.labels("heartbeat")
         self._children: dict[tuple[str, str], TypeMetrics] = {}
         r.register(_Attempts(self._children))
 

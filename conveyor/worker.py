@@ -61,7 +61,7 @@ from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
-from conveyor.logs import job_fields
+from conveyor.logs import BufferedHandler, direct_handler, job_fields
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
@@ -328,6 +328,7 @@ class Worker:
         self.processed = 0
         self._metrics: Metrics | None = app.metrics if options.metrics else None
         self._hooks = app.hooks
+        self._traced = False  # whether attempts get spans (asked once per claim)
         self._limited = [
             t
             for t in (app.registry.get(name) for name in app.registry.names())
@@ -478,7 +479,7 @@ class Worker:
                         on_claimed=hold,  # renewed from then on, whatever the loop does
                     )
                     if self._metrics is not None:
-                        self._metrics.store_seconds.labels("claim").observe(time.monotonic() - sent)
+                        self._metrics.claim_seconds.observe(time.monotonic() - sent)
                     if failures:
                         log.warning("database reachable again; claiming resumed")
                     failures = 0
@@ -532,6 +533,8 @@ class Worker:
     def _start_claimed(self) -> None:
         """Start the handlers of the runs claimed since last called (on the loop)."""
         store = self._store
+        # Once per claim, not per job: asking opentelemetry costs an environment lookup.
+        self._traced = _tracing.enabled()
         if store is not None:
             for run, previous in self.leases.take_claimed():
                 self._start(store, run, previous)
@@ -595,7 +598,7 @@ class Worker:
             self._hooks.started(AttemptStarted(job=job, worker_id=self.id))
 
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
-        if not _tracing.enabled():
+        if not self._traced:
             await self._attempt(run, job_type, store)
             return
         with _tracing.attempt_span(run.job, self.id) as span:
@@ -671,7 +674,7 @@ class Worker:
             elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
             else:
-                called = _in_thread(self._threads, loop, job_type.fn, ctx, kwargs)
+                called = _in_thread(self._threads, loop, job_type.fn, ctx, kwargs, self._traced)
                 result = await asyncio.shield(called)
         except Retry as exc:
             return self._failure(
@@ -850,7 +853,7 @@ class Worker:
                 sent = time.monotonic()
                 refused = set(await store.settle([s for _, s in batch]))
                 if self._metrics is not None:
-                    self._metrics.store_seconds.labels("settle").observe(time.monotonic() - sent)
+                    self._metrics.settle_seconds.observe(time.monotonic() - sent)
                 failures = 0
             except Exception as exc:
                 if self._phase is _Phase.GAVE_UP:
@@ -862,17 +865,18 @@ class Worker:
                 await asyncio.sleep(pause_after_failures(failures, jitter=random.random()))
                 self._settle_ready.set()
                 continue
+            direct = direct_handler(log, logging.INFO)  # once a batch: see logs.direct_handler
             for run, settlement in batch:
                 if run.job.id in refused:
                     self._lost(run, "lease lost before its result was recorded")
                 else:
-                    self._recorded(run, settlement)
+                    self._recorded(run, settlement, direct)
             self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
 
-    def _recorded(self, run: _Run, s: Settlement) -> None:
+    def _recorded(self, run: _Run, s: Settlement, direct: BufferedHandler | None) -> None:
         """Count, log and announce an attempt's outcome once the database has it."""
         status, m = s.status, run.metrics
         retry_at = None
@@ -898,7 +902,10 @@ class Worker:
             if status is Status.FAILED:
                 fields["error"] = s.error
                 fields["traceback"] = s.traceback
-            log.log(level, _outcome_line(run, s, retry_at), extra=fields)
+            if direct is not None and level == logging.INFO:
+                direct.write_line(log.name, level, _outcome_line(run, s, retry_at), fields)
+            else:
+                log.log(level, _outcome_line(run, s, retry_at), extra=fields)
         hooks = self._hooks
         if hooks.attempt_end or hooks.final_failure:
             hooks.ended(
@@ -1061,7 +1068,7 @@ class _Heartbeat(threading.Thread):
         metrics: Metrics | None = None,
     ) -> None:
         super().__init__(name="conveyor-heartbeat", daemon=True)
-        self.latency = None if metrics is None else metrics.store_seconds.labels("heartbeat")
+        self.latency = None if metrics is None else metrics.heartbeat_seconds
         self.worker_id = worker_id
         self.lease = lease
         self.leases = leases
@@ -1204,6 +1211,7 @@ def _in_thread(
     fn: Callable[..., Any],
     ctx: JobContext,
     kwargs: dict[str, Any],
+    traced: bool,
 ) -> asyncio.Future[Any]:
     """Call a sync handler on a thread of its own; the future gets its outcome."""
     future: asyncio.Future[Any] = loop.create_future()
@@ -1227,7 +1235,7 @@ def _in_thread(
             pass  # the loop is closed: an abandoned handler outlived its worker
 
     # A traced attempt's span is current in the handler's thread too.
-    if _tracing.enabled():
+    if traced:
         threads.submit(functools.partial(contextvars.copy_context().run, call))
     else:
         threads.submit(call)

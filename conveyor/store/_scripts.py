@@ -48,6 +48,7 @@ from conveyor.core.model import JSON, Attempt, Job, NewJob, Outcome, Settlement,
 from conveyor.errors import InvalidDependency, InvalidState
 from conveyor.store.protocol import (
     AuditEntry,
+    HealthCounts,
     Lease,
     LeaseRecord,
     Limits,
@@ -206,6 +207,21 @@ def token(dialect: Dialect, row: Row) -> Token:
         created_at=_time(dialect, row["created_at"], f"creation time of token {row['id']!r}"),
         last_used_at=dialect.time(row["last_used_at"]),
         revoked_at=dialect.time(row["revoked_at"]),
+    )
+
+
+def health_counts(dialect: Dialect, row: Row) -> HealthCounts:
+    """Read the row of the ``health`` query."""
+    return HealthCounts(
+        queued=row["queued"],
+        due=row["due"],
+        running=row["running"],
+        stale_running=row["stale_running"],
+        workers=row["workers"],
+        live_workers=row["live_workers"],
+        last_heartbeat=dialect.time(row["last_heartbeat"]),
+        now=_time(dialect, row["now"], "time"),
+        dead_workers=row["dead_workers"],
     )
 
 
