@@ -16,6 +16,8 @@ import asyncio
 import itertools
 import math
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -346,6 +348,35 @@ def _empty(backend: str, url: str) -> None:
     with connect(backend, url) as db:
         for table in ("conveyor_attempts", "conveyor_jobs", "conveyor_workers"):
             db.script(f"DELETE FROM {table}")
+
+
+# --- start-up --------------------------------------------------------------------
+
+
+def startup(backend: str, url: str) -> Metrics:
+    """Seconds from spawning ``conveyor worker`` to its first job's start; ``--help``'s time.
+
+    One no-op job waits in a migrated database; the clock starts just before the
+    worker process is spawned and stops at the job's ``started_at`` (the same
+    machine's clock). ``help_s`` is a whole ``python -m conveyor --help`` run.
+    """
+    asyncio.run(_submit_noops(url, 1))
+    workers = Workers(url)
+    with connect(backend, url) as db:
+        try:
+            spawned = time.time()
+            workers.start(concurrency=10, burst=True)
+            workers.wait_all(_RUN_TIMEOUT)
+        finally:
+            workers.close()
+        started = float(db.value(f"SELECT {_epoch(backend, 'started_at')} FROM conveyor_jobs"))
+    before = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "conveyor", "--help"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return {"first_job_s": started - spawned, "help_s": time.perf_counter() - before}
 
 
 # --- latency -------------------------------------------------------------------
