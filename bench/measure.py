@@ -326,11 +326,7 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
     for number, (name, (extra, env_extra)) in enumerate(order):
         if number:
             _empty(backend, url)
-        result = drain(
-            backend, url, jobs, concurrency, processes=1, extra=extra, env_extra=env_extra
-        )
-        rates[name] = result["jobs_per_s"]
-        cpu[name] = result["worker_cpu_us_per_job"]
+        rates[name], cpu[name] = _paused_drain(backend, url, jobs, concurrency, extra, env_extra)
     ratio = rates["observed"] / rates["quiet"]
     return {
         "quiet_jobs_per_s": rates["quiet"],
@@ -342,6 +338,61 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
         "observed_cpu_us_per_job": cpu["observed"],
         "cpu_observed_over_quiet": cpu["observed"] / cpu["quiet"],
     }
+
+
+def _paused_drain(
+    backend: str,
+    url: str,
+    jobs: int,
+    concurrency: int,
+    extra: Sequence[str],
+    env_extra: Mapping[str, str],
+) -> tuple[float, float]:
+    """Jobs/s and worker CPU µs per job of one worker draining ``jobs`` pre-submitted no-ops.
+
+    The queue is paused while the worker starts, so that its CPU time can be read
+    once it is idle (no race with a drain already under way), and again once every
+    job has succeeded; jobs/s runs from the first job's start to the last one's end.
+    """
+
+    async def submit_paused() -> None:
+        await _submit_noops(url, jobs)
+        app = await _open(url)
+        try:
+            await app.pause("default")
+        finally:
+            await app.close()
+
+    async def resume() -> None:
+        app = await _open(url)
+        try:
+            await app.resume("default")
+        finally:
+            await app.close()
+
+    asyncio.run(submit_paused())
+    workers = Workers(url)
+    with connect(backend, url) as db:
+        _prepare(db)
+        try:
+            worker = workers.start(
+                concurrency=concurrency, burst=False, extra=extra, env_extra=env_extra
+            )
+            _wait_registered(db, workers, [worker])
+            time.sleep(0.5)  # past its first (empty) claim: idle
+            before = worker.cpu_seconds()
+            asyncio.run(resume())
+            _wait_count(db, workers, "succeeded", jobs)
+            used = worker.cpu_seconds() - before
+            workers.stop_all()
+        finally:
+            workers.close()
+        column = _epoch(backend, "started_at")
+        first = float(db.value(f"SELECT min({column}) FROM conveyor_jobs"))
+        finished = _finished_times(db)
+    if len(finished) != jobs:
+        raise RuntimeError(f"drain lost jobs: {len(finished)} of {jobs} succeeded")
+    return jobs / (finished[-1] - first), used / jobs * 1e6
 
 
 def _empty(backend: str, url: str) -> None:

@@ -895,7 +895,7 @@ class Worker:
         level = logging.ERROR if status is Status.FAILED else logging.INFO
         if log.isEnabledFor(level):
             fields = run.fields(self.id)
-            fields["outcome"] = None if s.outcome is None else s.outcome.value
+            fields["outcome"] = s.outcome  # a StrEnum: the text it prints is its value
             fields["duration"] = round(run.elapsed, 6)
             if retry_at is not None:
                 fields["retry_at"] = retry_at.isoformat()
