@@ -304,29 +304,48 @@ _observed_runs = itertools.count()
 
 
 def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metrics:
-    """Drain ``jobs`` no-ops twice with one worker: quiet, then observed; the ratio.
+    """Two workers drain ``jobs`` no-ops each at the same time: one quiet, one observed.
 
     Quiet: ``--log-level WARNING --no-metrics`` (no per-attempt lines, no counters).
     Observed: ``--log-level INFO --metrics-port 0`` (one INFO line per job, to a file,
-    and every counter and histogram). The database is emptied between the two.
+    and every counter and histogram). Each has a queue of its own in one database, and
+    both run at once, so that whatever else the machine does weighs on both alike
+    (one after the other, a busy machine's swings swamped the difference). Their
+    queues are paused while they start, so that each worker's CPU time is read once
+    it is idle and again once all its jobs succeeded; jobs/s runs from a queue's first
+    job start to its last job's end. Which queue is resumed first alternates by run.
     """
-    quiet: tuple[Sequence[str], Mapping[str, str]] = (
-        ("--no-metrics",),
-        {"CONVEYOR_LOG_LEVEL": "WARNING"},
-    )
-    observed: tuple[Sequence[str], Mapping[str, str]] = (
-        ("--metrics-port", "0"),
-        {"CONVEYOR_LOG_LEVEL": "INFO"},
-    )
-    order = [("quiet", quiet), ("observed", observed)]
+    configs: dict[str, tuple[Sequence[str], Mapping[str, str]]] = {
+        "quiet": (("--no-metrics",), {"CONVEYOR_LOG_LEVEL": "WARNING"}),
+        "observed": (("--metrics-port", "0"), {"CONVEYOR_LOG_LEVEL": "INFO"}),
+    }
+    names = list(configs)
     if next(_observed_runs) % 2:
-        order.reverse()
-    rates: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for number, (name, (extra, env_extra)) in enumerate(order):
-        if number:
-            _empty(backend, url)
-        rates[name], cpu[name] = _paused_drain(backend, url, jobs, concurrency, extra, env_extra)
+        names.reverse()
+    asyncio.run(_submit_to_paused_queues(url, jobs, names))
+    workers = Workers(url)
+    with connect(backend, url) as db:
+        _prepare(db)
+        try:
+            started = {
+                name: workers.start(
+                    concurrency=concurrency,
+                    burst=False,
+                    extra=(*configs[name][0], "--queues", name),
+                    env_extra=configs[name][1],
+                )
+                for name in names
+            }
+            _wait_registered(db, workers, list(started.values()))
+            time.sleep(0.5)  # past their first (empty) claims: idle
+            before = {name: w.cpu_seconds() for name, w in started.items()}
+            asyncio.run(_resume_queues(url, names))
+            _wait_count(db, workers, "succeeded", 2 * jobs)
+            cpu = {name: w.cpu_seconds() - before[name] for name, w in started.items()}
+            workers.stop_all()
+        finally:
+            workers.close()
+        rates = {name: _queue_rate(db, name) for name in names}
     ratio = rates["observed"] / rates["quiet"]
     return {
         "quiet_jobs_per_s": rates["quiet"],
@@ -334,71 +353,42 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
         "observed_over_quiet": ratio,
         "loss_pct": (1 - ratio) * 100,
         # Worker CPU per job is steadier than wall-clock time on a busy machine.
-        "quiet_cpu_us_per_job": cpu["quiet"],
-        "observed_cpu_us_per_job": cpu["observed"],
+        "quiet_cpu_us_per_job": cpu["quiet"] / jobs * 1e6,
+        "observed_cpu_us_per_job": cpu["observed"] / jobs * 1e6,
         "cpu_observed_over_quiet": cpu["observed"] / cpu["quiet"],
     }
 
 
-def _paused_drain(
-    backend: str,
-    url: str,
-    jobs: int,
-    concurrency: int,
-    extra: Sequence[str],
-    env_extra: Mapping[str, str],
-) -> tuple[float, float]:
-    """Jobs/s and worker CPU µs per job of one worker draining ``jobs`` pre-submitted no-ops.
-
-    The queue is paused while the worker starts, so that its CPU time can be read
-    once it is idle (no race with a drain already under way), and again once every
-    job has succeeded; jobs/s runs from the first job's start to the last one's end.
-    """
-
-    async def submit_paused() -> None:
-        await _submit_noops(url, jobs)
-        app = await _open(url)
-        try:
-            await app.pause("default")
-        finally:
-            await app.close()
-
-    async def resume() -> None:
-        app = await _open(url)
-        try:
-            await app.resume("default")
-        finally:
-            await app.close()
-
-    asyncio.run(submit_paused())
-    workers = Workers(url)
-    with connect(backend, url) as db:
-        _prepare(db)
-        try:
-            worker = workers.start(
-                concurrency=concurrency, burst=False, extra=extra, env_extra=env_extra
-            )
-            _wait_registered(db, workers, [worker])
-            time.sleep(0.5)  # past its first (empty) claim: idle
-            before = worker.cpu_seconds()
-            asyncio.run(resume())
-            _wait_count(db, workers, "succeeded", jobs)
-            used = worker.cpu_seconds() - before
-            workers.stop_all()
-        finally:
-            workers.close()
-        column = _epoch(backend, "started_at")
-        first = float(db.value(f"SELECT min({column}) FROM conveyor_jobs"))
-        finished = _finished_times(db)
-    if len(finished) != jobs:
-        raise RuntimeError(f"drain lost jobs: {len(finished)} of {jobs} succeeded")
-    return jobs / (finished[-1] - first), used / jobs * 1e6
+async def _submit_to_paused_queues(url: str, jobs: int, queues: Sequence[str]) -> None:
+    app = await _open(url)
+    try:
+        for queue in queues:
+            await app.pause(queue)
+            for offset in range(0, jobs, 1000):
+                batch = min(1000, jobs - offset)
+                await app.submit_many([Submission("noop", {}, queue=queue)] * batch)
+    finally:
+        await app.close()
 
 
-def _empty(backend: str, url: str) -> None:
-    with connect(backend, url) as db:
-        for table in ("conveyor_attempts", "conveyor_jobs", "conveyor_workers"):
-            db.script(f"DELETE FROM {table}")
+async def _resume_queues(url: str, queues: Sequence[str]) -> None:
+    app = await _open(url)
+    try:
+        for queue in queues:
+            await app.resume(queue)
+    finally:
+        await app.close()
+
+
+def _queue_rate(db: Db, queue: str) -> float:
+    """Jobs/s of one queue's drain: its jobs over first start to last end."""
+    started, finished = _epoch(db.backend, "started_at"), _epoch(db.backend, "finished_at")
+    row = db.rows(
+        f"SELECT count(*), min({started}), max({finished}) FROM conveyor_jobs "
+        f"WHERE queue = {_mark(db)} AND status = 'succeeded'",
+        (queue,),
+    )[0]
+    return float(row[0]) / (float(row[2]) - float(row[1]))
 
 
 # --- start-up --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import IO, Any
 
 # The record attributes a job's lines carry, in the order text lines print them.
@@ -215,23 +215,30 @@ class BufferedHandler(logging.StreamHandler):  # type: ignore[type-arg]
         # Called by logging.shutdown and by anyone who wants the lines out now.
         self._flush_now()
 
-    def write_line(self, name: str, level: int, message: str, fields: Mapping[str, Any]) -> None:
-        """Write the line that ``getLogger(name).log(level, message, extra=fields)`` would.
+    def write_lines(
+        self, name: str, level: int, lines: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> None:
+        """Write the lines ``getLogger(name).log(level, message, extra=fields)`` would.
 
-        For a caller that :func:`direct_handler` sent here: no record is made, and
-        nothing but this handler would have seen one.
+        ``lines``: (message, fields) pairs, written at once with one time. For a caller
+        that :func:`direct_handler` sent here: no record is made, and nothing but this
+        handler would have seen one.
         """
         formatter = self.formatter
         try:
             if not isinstance(formatter, TextFormatter | JsonFormatter):
                 raise TypeError(f"no direct lines with {formatter!r}")
-            line = formatter.line(time.time(), logging.getLevelName(level), name, message, fields)
-            with self.lock:  # type: ignore[union-attr]
-                self.stream.write(line + "\n")
-        except Exception:  # what logging would do with the record: report, carry on
-            self.handleError(
-                logging.makeLogRecord({"name": name, "levelno": level, "msg": message})
+            created, level_name = time.time(), logging.getLevelName(level)
+            text = "".join(
+                [f"{formatter.line(created, level_name, name, m, f)}\n" for m, f in lines]
             )
+            with self.lock:  # type: ignore[union-attr]
+                self.stream.write(text)
+        except Exception:  # what logging would do with the records: report, carry on
+            for message, _ in lines:
+                self.handleError(
+                    logging.makeLogRecord({"name": name, "levelno": level, "msg": message})
+                )
             return
         if level >= logging.WARNING:
             self._flush_now()
@@ -277,7 +284,7 @@ def direct_handler(logger: logging.Logger, level: int) -> BufferedHandler | None
     several times what formatting the line does. When the one handler such a record
     would reach is conveyor's own (:func:`configure`'s, with its formatter), no logger
     on the way nor the handler has a filter, and records come from logging's own
-    factory, writing the line to it (:meth:`BufferedHandler.write_line`) is the same
+    factory, writing the line to it (:meth:`BufferedHandler.write_lines`) is the same
     as logging it. Otherwise (an application's handlers, pytest's caplog): None.
     The caller checks ``logger.isEnabledFor(level)``, and asks again now and then
     (the worker: once per batch of results) so that a change of configuration counts.

@@ -61,7 +61,7 @@ from conveyor.core.model import JSON, Job, Outcome, Progress, Settlement, after_
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
-from conveyor.logs import BufferedHandler, direct_handler, job_fields
+from conveyor.logs import direct_handler, job_fields
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
@@ -865,19 +865,29 @@ class Worker:
                 await asyncio.sleep(pause_after_failures(failures, jitter=random.random()))
                 self._settle_ready.set()
                 continue
-            direct = direct_handler(log, logging.INFO)  # once a batch: see logs.direct_handler
+            # Outcome lines straight to conveyor's handler when that is the same as logging
+            # them (asked once a batch), written together: see logs.direct_handler.
+            direct = direct_handler(log, logging.INFO)
+            lines: list[tuple[str, dict[str, Any]]] | None = None if direct is None else []
             for run, settlement in batch:
                 if run.job.id in refused:
                     self._lost(run, "lease lost before its result was recorded")
                 else:
-                    self._recorded(run, settlement, direct)
+                    self._recorded(run, settlement, lines)
+            if direct is not None and lines:
+                direct.write_lines(log.name, logging.INFO, lines)
             self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
 
-    def _recorded(self, run: _Run, s: Settlement, direct: BufferedHandler | None) -> None:
-        """Count, log and announce an attempt's outcome once the database has it."""
+    def _recorded(
+        self, run: _Run, s: Settlement, lines: list[tuple[str, dict[str, Any]]] | None
+    ) -> None:
+        """Count, log and announce an attempt's outcome once the database has it.
+
+        ``lines``: where INFO lines go to be written directly (None: to ``log``).
+        """
         status, m = s.status, run.metrics
         retry_at = None
         if status is Status.QUEUED and s.outcome is not None:
@@ -902,8 +912,8 @@ class Worker:
             if status is Status.FAILED:
                 fields["error"] = s.error
                 fields["traceback"] = s.traceback
-            if direct is not None and level == logging.INFO:
-                direct.write_line(log.name, level, _outcome_line(run, s, retry_at), fields)
+            if lines is not None and level == logging.INFO:
+                lines.append((_outcome_line(run, s, retry_at), fields))
             else:
                 log.log(level, _outcome_line(run, s, retry_at), extra=fields)
         hooks = self._hooks

@@ -219,12 +219,13 @@ def test_a_line_written_directly_is_the_line_logging_writes(log_format: str) -> 
     direct = direct_handler(logger, logging.INFO)
     assert direct is not None
     logger.info("job succeeded in 0.250s", extra=fields)
-    direct.write_line(logger.name, logging.INFO, "job succeeded in 0.250s", fields)
     # A line missing some fields takes the formatter's general way: the same there too.
     partial = {"job_id": "j2", "attempt": 1}
     logger.info("partial", extra=partial)
-    direct.write_line(logger.name, logging.INFO, "partial", partial)
-    logged, written, logged_partial, written_partial = stream.getvalue().splitlines()
+    direct.write_lines(
+        logger.name, logging.INFO, [("job succeeded in 0.250s", fields), ("partial", partial)]
+    )
+    logged, logged_partial, written, written_partial = stream.getvalue().splitlines()
     assert _without_time(logged) == _without_time(written)
     assert _without_time(logged_partial) == _without_time(written_partial)
     assert "job_id=j1 job_type=t queue=q attempt=2 worker=w" in logged or '"job_id": "j1"' in logged
