@@ -13,6 +13,7 @@ comes after its imports and its connection, to the last job settled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import statistics
@@ -21,12 +22,14 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench.app import build
 from bench.db import Db, connect
 from bench.procs import PostgresCpu, SyscallCounter, WorkerProcess, Workers
 from conveyor import Conveyor, Outcome, Status, Submission
 from conveyor.core.model import Settlement
+from conveyor.store import sqlite_path
 
 Metrics = dict[str, float]
 
@@ -308,12 +311,14 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
 
     Quiet: ``--log-level WARNING --no-metrics`` (no per-attempt lines, no counters).
     Observed: ``--log-level INFO --metrics-port 0`` (one INFO line per job, to a file,
-    and every counter and histogram). Each has a queue of its own in one database, and
-    both run at once, so that whatever else the machine does weighs on both alike
-    (one after the other, a busy machine's swings swamped the difference). Their
-    queues are paused while they start, so that each worker's CPU time is read once
-    it is idle and again once all its jobs succeeded; jobs/s runs from a queue's first
-    job start to its last job's end. Which queue is resumed first alternates by run.
+    and every counter and histogram). Both run at once, so that whatever else the
+    machine does weighs on both alike (one after the other, a busy machine's swings
+    swamped the difference): on PostgreSQL each on a queue of its own in the run's
+    database, on SQLite each in a database file of its own (sharing one file's write
+    lock, the slower worker would lose the lock more often than its share). Their
+    queues are paused while they start, so that each worker's CPU time is read once it
+    is idle and again once all its jobs succeeded; jobs/s runs from a queue's first job
+    start to its last job's end. Which queue is resumed first alternates by run.
     """
     configs: dict[str, tuple[Sequence[str], Mapping[str, str]]] = {
         "quiet": (("--no-metrics",), {"CONVEYOR_LOG_LEVEL": "WARNING"}),
@@ -322,30 +327,44 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
     names = list(configs)
     if next(_observed_runs) % 2:
         names.reverse()
-    asyncio.run(_submit_to_paused_queues(url, jobs, names))
-    workers = Workers(url)
-    with connect(backend, url) as db:
-        _prepare(db)
-        try:
-            started = {
-                name: workers.start(
+    urls = {name: url for name in names}
+    if backend == "sqlite":
+        urls["observed"] = url.removesuffix(".db") + "-observed.db"
+    for name in names:
+        asyncio.run(_submit_to_paused_queue(urls[name], jobs, name))
+    cpu: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    try:
+        runs = {name: Workers(urls[name]) for name in names}
+        with contextlib.ExitStack() as stack:
+            dbs = {name: stack.enter_context(connect(backend, urls[name])) for name in names}
+            for name in names:
+                stack.callback(runs[name].close)
+            started = {}
+            for name in names:
+                _prepare(dbs[name])
+                started[name] = runs[name].start(
                     concurrency=concurrency,
                     burst=False,
                     extra=(*configs[name][0], "--queues", name),
                     env_extra=configs[name][1],
                 )
-                for name in names
-            }
-            _wait_registered(db, workers, list(started.values()))
+            for name in names:
+                _wait_registered(dbs[name], runs[name], [started[name]])
             time.sleep(0.5)  # past their first (empty) claims: idle
             before = {name: w.cpu_seconds() for name, w in started.items()}
-            asyncio.run(_resume_queues(url, names))
-            _wait_count(db, workers, "succeeded", 2 * jobs)
-            cpu = {name: w.cpu_seconds() - before[name] for name, w in started.items()}
-            workers.stop_all()
-        finally:
-            workers.close()
-        rates = {name: _queue_rate(db, name) for name in names}
+            for name in names:
+                asyncio.run(_resume_queue(urls[name], name))
+            for name in names:
+                _wait_count(dbs[name], runs[name], "succeeded", jobs)
+                cpu[name] = started[name].cpu_seconds() - before[name]
+            for name in names:
+                runs[name].stop_all()
+            rates = {name: _queue_rate(dbs[name], name) for name in names}
+    finally:
+        if backend == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{sqlite_path(urls['observed'])}{suffix}").unlink(missing_ok=True)
     ratio = rates["observed"] / rates["quiet"]
     return {
         "quiet_jobs_per_s": rates["quiet"],
@@ -359,23 +378,21 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
     }
 
 
-async def _submit_to_paused_queues(url: str, jobs: int, queues: Sequence[str]) -> None:
+async def _submit_to_paused_queue(url: str, jobs: int, queue: str) -> None:
     app = await _open(url)
     try:
-        for queue in queues:
-            await app.pause(queue)
-            for offset in range(0, jobs, 1000):
-                batch = min(1000, jobs - offset)
-                await app.submit_many([Submission("noop", {}, queue=queue)] * batch)
+        await app.pause(queue)
+        for offset in range(0, jobs, 1000):
+            batch = min(1000, jobs - offset)
+            await app.submit_many([Submission("noop", {}, queue=queue)] * batch)
     finally:
         await app.close()
 
 
-async def _resume_queues(url: str, queues: Sequence[str]) -> None:
+async def _resume_queue(url: str, queue: str) -> None:
     app = await _open(url)
     try:
-        for queue in queues:
-            await app.resume(queue)
+        await app.resume(queue)
     finally:
         await app.close()
 
