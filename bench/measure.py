@@ -13,18 +13,23 @@ comes after its imports and its connection, to the last job settled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench.app import build
 from bench.db import Db, connect
 from bench.procs import PostgresCpu, SyscallCounter, WorkerProcess, Workers
 from conveyor import Conveyor, Outcome, Status, Submission
 from conveyor.core.model import Settlement
+from conveyor.store import sqlite_path
 
 Metrics = dict[str, float]
 
@@ -302,44 +307,134 @@ _observed_runs = itertools.count()
 
 
 def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metrics:
-    """Drain ``jobs`` no-ops twice with one worker: quiet, then observed; the ratio.
+    """Two workers drain ``jobs`` no-ops each at the same time: one quiet, one observed.
 
     Quiet: ``--log-level WARNING --no-metrics`` (no per-attempt lines, no counters).
     Observed: ``--log-level INFO --metrics-port 0`` (one INFO line per job, to a file,
-    and every counter and histogram). The database is emptied between the two.
+    and every counter and histogram). Both run at once, so that whatever else the
+    machine does weighs on both alike (one after the other, a busy machine's swings
+    swamped the difference): on PostgreSQL each on a queue of its own in the run's
+    database, on SQLite each in a database file of its own (sharing one file's write
+    lock, the slower worker would lose the lock more often than its share). Their
+    queues are paused while they start, so that each worker's CPU time is read once it
+    is idle and again once all its jobs succeeded; jobs/s runs from a queue's first job
+    start to its last job's end. Which queue is resumed first alternates by run.
     """
-    quiet: tuple[Sequence[str], Mapping[str, str]] = (
-        ("--no-metrics",),
-        {"CONVEYOR_LOG_LEVEL": "WARNING"},
-    )
-    observed: tuple[Sequence[str], Mapping[str, str]] = (
-        ("--metrics-port", "0"),
-        {"CONVEYOR_LOG_LEVEL": "INFO"},
-    )
-    order = [("quiet", quiet), ("observed", observed)]
+    configs: dict[str, tuple[Sequence[str], Mapping[str, str]]] = {
+        "quiet": (("--no-metrics",), {"CONVEYOR_LOG_LEVEL": "WARNING"}),
+        "observed": (("--metrics-port", "0"), {"CONVEYOR_LOG_LEVEL": "INFO"}),
+    }
+    names = list(configs)
     if next(_observed_runs) % 2:
-        order.reverse()
+        names.reverse()
+    urls = {name: url for name in names}
+    if backend == "sqlite":
+        urls["observed"] = url.removesuffix(".db") + "-observed.db"
+    for name in names:
+        asyncio.run(_submit_to_paused_queue(urls[name], jobs, name))
+    cpu: dict[str, float] = {}
     rates: dict[str, float] = {}
-    for number, (name, (extra, env_extra)) in enumerate(order):
-        if number:
-            _empty(backend, url)
-        result = drain(
-            backend, url, jobs, concurrency, processes=1, extra=extra, env_extra=env_extra
-        )
-        rates[name] = result["jobs_per_s"]
+    try:
+        runs = {name: Workers(urls[name]) for name in names}
+        with contextlib.ExitStack() as stack:
+            dbs = {name: stack.enter_context(connect(backend, urls[name])) for name in names}
+            for name in names:
+                stack.callback(runs[name].close)
+            started = {}
+            for name in names:
+                _prepare(dbs[name])
+                started[name] = runs[name].start(
+                    concurrency=concurrency,
+                    burst=False,
+                    extra=(*configs[name][0], "--queues", name),
+                    env_extra=configs[name][1],
+                )
+            for name in names:
+                _wait_registered(dbs[name], runs[name], [started[name]])
+            time.sleep(0.5)  # past their first (empty) claims: idle
+            before = {name: w.cpu_seconds() for name, w in started.items()}
+            for name in names:
+                asyncio.run(_resume_queue(urls[name], name))
+            for name in names:
+                _wait_count(dbs[name], runs[name], "succeeded", jobs)
+                cpu[name] = started[name].cpu_seconds() - before[name]
+            for name in names:
+                runs[name].stop_all()
+            rates = {name: _queue_rate(dbs[name], name) for name in names}
+    finally:
+        if backend == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{sqlite_path(urls['observed'])}{suffix}").unlink(missing_ok=True)
     ratio = rates["observed"] / rates["quiet"]
     return {
         "quiet_jobs_per_s": rates["quiet"],
         "observed_jobs_per_s": rates["observed"],
         "observed_over_quiet": ratio,
         "loss_pct": (1 - ratio) * 100,
+        # Worker CPU per job is steadier than wall-clock time on a busy machine.
+        "quiet_cpu_us_per_job": cpu["quiet"] / jobs * 1e6,
+        "observed_cpu_us_per_job": cpu["observed"] / jobs * 1e6,
+        "cpu_observed_over_quiet": cpu["observed"] / cpu["quiet"],
     }
 
 
-def _empty(backend: str, url: str) -> None:
+async def _submit_to_paused_queue(url: str, jobs: int, queue: str) -> None:
+    app = await _open(url)
+    try:
+        await app.pause(queue)
+        for offset in range(0, jobs, 1000):
+            batch = min(1000, jobs - offset)
+            await app.submit_many([Submission("noop", {}, queue=queue)] * batch)
+    finally:
+        await app.close()
+
+
+async def _resume_queue(url: str, queue: str) -> None:
+    app = await _open(url)
+    try:
+        await app.resume(queue)
+    finally:
+        await app.close()
+
+
+def _queue_rate(db: Db, queue: str) -> float:
+    """Jobs/s of one queue's drain: its jobs over first start to last end."""
+    started, finished = _epoch(db.backend, "started_at"), _epoch(db.backend, "finished_at")
+    row = db.rows(
+        f"SELECT count(*), min({started}), max({finished}) FROM conveyor_jobs "
+        f"WHERE queue = {_mark(db)} AND status = 'succeeded'",
+        (queue,),
+    )[0]
+    return float(row[0]) / (float(row[2]) - float(row[1]))
+
+
+# --- start-up --------------------------------------------------------------------
+
+
+def startup(backend: str, url: str) -> Metrics:
+    """Seconds from spawning ``conveyor worker`` to its first job's start; ``--help``'s time.
+
+    One no-op job waits in a migrated database; the clock starts just before the
+    worker process is spawned and stops at the job's ``started_at`` (the same
+    machine's clock). ``help_s`` is a whole ``python -m conveyor --help`` run.
+    """
+    asyncio.run(_submit_noops(url, 1))
+    workers = Workers(url)
     with connect(backend, url) as db:
-        for table in ("conveyor_attempts", "conveyor_jobs", "conveyor_workers"):
-            db.script(f"DELETE FROM {table}")
+        try:
+            spawned = time.time()
+            workers.start(concurrency=10, burst=True)
+            workers.wait_all(_RUN_TIMEOUT)
+        finally:
+            workers.close()
+        started = float(db.value(f"SELECT {_epoch(backend, 'started_at')} FROM conveyor_jobs"))
+    before = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "conveyor", "--help"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return {"first_job_s": started - spawned, "help_s": time.perf_counter() - before}
 
 
 # --- latency -------------------------------------------------------------------

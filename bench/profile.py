@@ -31,6 +31,12 @@ from bench.databases import open_scratch
 from bench.db import connect
 from bench.procs import Workers
 
+# What the benchmark's quiet drain turns off (bench.measure.drain_observed).
+QUIET: tuple[tuple[str, ...], dict[str, str]] = (
+    ("--no-metrics",),
+    {"CONVEYOR_LOG_LEVEL": "WARNING"},
+)
+
 # A frame as py-spy writes it in raw (collapsed) output: "function (path/file.py:line)".
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^():]*?)(?::\d+)?\)$")
 
@@ -165,7 +171,14 @@ def render(threads: dict[str, ThreadProfile], seconds: float, rate: int, top: in
 
 
 def _drain_under_pyspy(
-    backend: str, url: str, jobs: int, concurrency: int, rate: int, output: Path, fmt: str
+    backend: str,
+    url: str,
+    jobs: int,
+    concurrency: int,
+    rate: int,
+    output: Path,
+    fmt: str,
+    quiet: bool = False,
 ) -> float:
     """Drain ``jobs`` no-op jobs with one worker run by py-spy; return the drain's seconds."""
     asyncio.run(measure._submit_noops(url, jobs))
@@ -189,6 +202,8 @@ def _drain_under_pyspy(
                     str(output),
                     "--",
                 ],
+                extra=QUIET[0] if quiet else (),
+                env_extra=QUIET[1] if quiet else None,
             )
             workers.wait_all(600.0)
         finally:
@@ -220,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30, help="functions to list")
     parser.add_argument("--svg", action="store_true", help="also write a flame graph")
     parser.add_argument("--out", type=Path, help="directory for the profiles")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="as the benchmark's quiet drain: --no-metrics, log level WARNING",
+    )
     args = parser.parse_args(argv)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or Path(__file__).parent / "results" / f"profile-{args.backend}-{stamp}"
@@ -229,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     with open_scratch(args.backend) as scratch:
         with scratch.fresh() as url:
             seconds = _drain_under_pyspy(
-                args.backend, url, args.jobs, args.concurrency, args.rate, raw, "raw"
+                args.backend, url, args.jobs, args.concurrency, args.rate, raw, "raw", args.quiet
             )
         if args.svg:
             with scratch.fresh() as url:
@@ -241,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.rate,
                     out / "worker.svg",
                     "flamegraph",
+                    args.quiet,
                 )
     console.print(
         f"{args.jobs:,} jobs drained in {seconds:.2f} s ({args.jobs / seconds:,.0f} jobs/s) "

@@ -195,6 +195,12 @@ def conveyor_drain_observed(backend: str, url: str, sizes: Sizes) -> Metrics:
     return measure.drain_observed(backend, url, sizes.drain_jobs, sizes.concurrency)
 
 
+@workload("conveyor_startup", "spawn `conveyor worker` → its first job starts; `conveyor --help`")
+def conveyor_startup(backend: str, url: str, sizes: Sizes) -> Metrics:
+    """How soon a fresh worker process runs a waiting job, and how long --help takes."""
+    return measure.startup(backend, url)
+
+
 @workload("conveyor_latency", "idle worker; jobs submitted latency_gap apart; enqueue→start")
 def conveyor_latency(backend: str, url: str, sizes: Sizes) -> Metrics:
     """Enqueue-to-start latency on an idle worker, submits from another process."""

@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import multiprocessing
 import queue
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from conveyor import _blocking
@@ -30,6 +28,9 @@ from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, ConveyorError
 
 if TYPE_CHECKING:
+    import multiprocessing.process
+    from multiprocessing.connection import Connection
+
     from conveyor._handles import JobHandle, Submission
     from conveyor._registry import JobType
 
@@ -124,6 +125,8 @@ def _child_process(
     job_type: JobType, job: Job
 ) -> tuple[multiprocessing.process.BaseProcess, Connection, Connection]:
     """A child process (not started yet) to run ``job``, and the two ends of its pipe."""
+    import multiprocessing  # here: only process-isolated job types need it
+
     module, qualname = importable_name(job_type.fn, job_type.name)
     mp = multiprocessing.get_context("spawn")
     parent_end, child_end = mp.Pipe()

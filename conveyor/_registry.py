@@ -127,11 +127,31 @@ class JobType:
         self.options = options
         self.name = options.name
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.model = _payload_model(fn, options.name)
+        self._fields, self._extra = _payload_fields(fn, options.name)
         # A handler of ctx alone, called with an empty payload: nothing to validate.
-        self._takes_nothing = not self.model.model_fields
+        self._takes_nothing = not self._fields
+        # Arguments are checked now, so that a handler pydantic cannot check fails at
+        # registration; a handler of ctx alone builds its model only when a payload
+        # comes (a worker's start-up does not wait for pydantic's model machinery).
+        self._model = None if self._takes_nothing else self._build_model()
         if options.isolation == "process":
             importable_name(fn, options.name)
+
+    @property
+    def model(self) -> type[pydantic.BaseModel]:
+        """The pydantic model of the handler's keyword arguments."""
+        if self._model is None:
+            self._model = self._build_model()
+        return self._model
+
+    def _build_model(self) -> type[pydantic.BaseModel]:
+        config = pydantic.ConfigDict(extra=self._extra, arbitrary_types_allowed=True)  # type: ignore[typeddict-item]
+        try:
+            return pydantic.create_model(f"{self.name}_payload", __config__=config, **self._fields)
+        except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+            raise ConfigurationError(
+                f"handler {self.name!r} has arguments pydantic cannot check: {exc}"
+            ) from None
 
     def validate(self, payload: object, *, strict: bool = False) -> dict[str, Any]:
         """Check ``payload`` against the handler's signature; return it as stored (JSON).
@@ -245,8 +265,9 @@ def _errors(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
     ]
 
 
-def _payload_model(fn: Handler, name: str) -> type[pydantic.BaseModel]:
-    """Build a pydantic model of a handler's keyword arguments (all but the context)."""
+def _payload_fields(fn: Handler, name: str) -> tuple[dict[str, Any], str]:
+    """A handler's keyword arguments (all but the context) as pydantic fields, and
+    whether other keys are allowed (``**kwargs``: ``"allow"``) or not (``"forbid"``)."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
@@ -278,13 +299,7 @@ def _payload_model(fn: Handler, name: str) -> type[pydantic.BaseModel]:
         annotation = hints.get(p.name, Any)
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (annotation, default)
-    config = pydantic.ConfigDict(extra=extra, arbitrary_types_allowed=True)  # type: ignore[typeddict-item]
-    try:
-        return pydantic.create_model(f"{name}_payload", __config__=config, **fields)
-    except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
-        raise ConfigurationError(
-            f"handler {name!r} has arguments pydantic cannot check: {exc}"
-        ) from None
+    return fields, extra
 
 
 class Registry:

@@ -14,7 +14,6 @@ them: ``30`` (seconds), ``500ms``, ``2s``, ``15m``, ``1h30m``.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import functools
 import importlib
@@ -31,37 +30,14 @@ import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import click
 from click.core import ParameterSource
-from rich.live import Live
-from rich.text import Text
 
-from conveyor._console import (
-    ShownJob,
-    console,
-    err_console,
-    follow,
-    job_document,
-    jobs_table,
-    jsonable,
-    print_job,
-    print_json,
-    queues_table,
-    schedules_table,
-    status_text,
-    tokens_table,
-    worker_document,
-    workers_table,
-)
-from conveyor.client import Conveyor, Health
-from conveyor.core.auth import Token
 from conveyor.core.durations import seconds
-from conveyor.core.health import no_live_worker
 from conveyor.core.ids import check_job_id
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import Attempt
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
@@ -74,9 +50,16 @@ from conveyor.errors import (
     TokenNotFound,
     UnknownJobType,
 )
-from conveyor.remote import RemoteClient
-from conveyor.store import QueueInfo, Retention, sqlite_path
-from conveyor.worker import Worker, WorkerOptions
+
+# The rest is imported where used: `conveyor --help` and a worker's start-up load only
+# what they need (tests/test_architecture.py checks what --help imports).
+if TYPE_CHECKING:
+    from conveyor._console import ShownJob
+    from conveyor.client import Conveyor, Health
+    from conveyor.core.auth import Token
+    from conveyor.core.model import Attempt
+    from conveyor.store import QueueInfo
+    from conveyor.worker import Worker, WorkerOptions
 
 T = TypeVar("T")
 
@@ -111,6 +94,10 @@ _url_source = {"flag": False}
 
 
 def _fail(message: str, code: int) -> NoReturn:
+    from rich.text import Text
+
+    from conveyor._console import err_console
+
     if _url_source["flag"]:
         message = message.replace("CONVEYOR_DATABASE_URL", "--database-url")
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
@@ -119,6 +106,8 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine, turning conveyor's errors into messages and exit codes."""
+    import asyncio
+
     try:
         return asyncio.run(coro)
     except (JobNotFound, ScheduleNotFound) as exc:
@@ -139,6 +128,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 def load_app(spec: str) -> Conveyor:
     """Import ``module:attribute`` and return the Conveyor it names."""
+    from conveyor.client import Conveyor
+
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise click.BadParameter(
@@ -165,6 +156,8 @@ def load_app(spec: str) -> Conveyor:
         _fail(f"importing {module_name!r} failed: {exc}", EXIT_USAGE)
     except Exception as exc:
         # The module exists; its own code (or a dependency it imports) failed.
+        from conveyor._console import err_console
+
         err_console.print(
             "".join(traceback.format_exception(exc)), markup=False, highlight=False, end=""
         )
@@ -197,6 +190,9 @@ def _app_from(
     ``must_exist``: a read command on a SQLite file that does not exist says so and
     creates nothing (a typo in a path would otherwise show an empty new database).
     """
+    from conveyor.client import Conveyor
+    from conveyor.store import sqlite_path
+
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source("database_url") if ctx is not None else None
     _url_source["flag"] = bool(database_url) and source is click.core.ParameterSource.COMMANDLINE
@@ -264,6 +260,8 @@ def _resolve_token(token: str | None, token_file: str | None) -> str | None:
         return text
     context = click.get_current_context(silent=True)
     if token and context is not None:
+        from conveyor._console import err_console
+
         source = context.get_parameter_source("token")
         if source is ParameterSource.COMMANDLINE:
             err_console.print(
@@ -453,6 +451,8 @@ def worker(
     period, then hands the rest back as queued; a second signal stops at once (their
     leases then expire and other workers rescue them).
     """
+    from conveyor.worker import WorkerOptions
+
     app = _app_from(app_spec, database_url)
     _apply_tenant_limits(app, tenant_limits)
     try:
@@ -490,6 +490,8 @@ def _serve_metrics(app: Conveyor, host: str, port: int) -> None:
 
 
 async def _run_worker(w: Worker) -> None:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -499,6 +501,8 @@ async def _run_worker(w: Worker) -> None:
         if signals == 1:
             w.stop()
         else:
+            from conveyor._console import err_console
+
             err_console.print(
                 f"{signal.Signals(signum).name} again: stopping now; running jobs will be "
                 "rescued when their leases expire"
@@ -524,6 +528,8 @@ def schedules() -> None:
 @_json_option
 def schedules_list(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
     """List schedules with their next tick (declared ones are synced first, given --app)."""
+    from conveyor._console import console, print_json, schedules_table
+
     app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> list[Any]:
@@ -543,6 +549,8 @@ def schedules_list(app_spec: str | None, database_url: str | None, as_json: bool
 @_url_option
 def schedules_run(name: str, app_spec: str | None, database_url: str | None) -> None:
     """Submit a schedule's job now, outside its ticks."""
+    from conveyor._console import console
+
     app = _app_from(app_spec, database_url)
     job = _run(app.run_schedule(name))
     console.print(f"schedule {name} submitted [bold]{job.id}[/]")
@@ -554,6 +562,8 @@ def schedules_run(name: str, app_spec: str | None, database_url: str | None) -> 
 @_url_option
 def schedules_enable(name: str, app_spec: str | None, database_url: str | None) -> None:
     """Enable a schedule (its ticks restart from now)."""
+    from conveyor._console import console
+
     app = _app_from(app_spec, database_url)
     _run(app.enable_schedule(name, True))
     console.print(f"schedule {name} enabled")
@@ -565,6 +575,8 @@ def schedules_enable(name: str, app_spec: str | None, database_url: str | None) 
 @_url_option
 def schedules_disable(name: str, app_spec: str | None, database_url: str | None) -> None:
     """Disable a schedule: no tick fires until it is enabled again."""
+    from conveyor._console import console
+
     app = _app_from(app_spec, database_url)
     _run(app.enable_schedule(name, False))
     console.print(f"schedule {name} disabled")
@@ -591,6 +603,9 @@ def prune(
 
     Job types' own retention (given --app) overrides these for their jobs.
     """
+    from conveyor._console import console
+    from conveyor.store import Retention
+
     app = _app_from(app_spec, database_url, must_exist=True)
     policy = Retention(succeeded=succeeded, failed=failed, cancelled=cancelled)
     deleted = _run(app.prune(policy))
@@ -605,6 +620,8 @@ def prune(
 @_url_option
 def migrate(app_spec: str | None, database_url: str | None) -> None:
     """Create or upgrade conveyor's tables."""
+    from conveyor._console import console
+
     app = _app_from(app_spec, database_url)
     applied = _run(app.migrate())
     if applied:
@@ -686,6 +703,8 @@ class Target:
         must_exist: bool = True,
     ) -> Target:
         """A server's API given --url (its token from --token), else the database."""
+        from conveyor.remote import RemoteClient
+
         if server_url:
             try:
                 client = RemoteClient(server_url, token)
@@ -697,6 +716,10 @@ class Target:
 
     async def no_worker_hint(self) -> str | None:
         """Say so when no worker is live to run a queued job (None when one is)."""
+        from conveyor.client import Conveyor
+        from conveyor.core.health import no_live_worker
+        from conveyor.remote import RemoteClient
+
         if isinstance(self.jobs, Conveyor):
             return _hint(await self.jobs.health(), self.app_spec)
         if isinstance(self.jobs, RemoteClient):
@@ -832,6 +855,8 @@ def submit(
     With --url the server checks it (no --app needed there). With --wait, Ctrl-C stops
     waiting (exit 130); the job keeps running.
     """
+    from conveyor._console import console, print_job
+
     if not target.remote and not target.has_app:
         _fail(
             "submit needs the application to check the payload: pass --app module:attr "
@@ -865,6 +890,10 @@ def submit(
 async def _wait_for(target: Target, job: ShownJob, timeout: float | None) -> None:
     """Follow a job until it ends; warn at once, and fail after ``timeout``, if no worker
     is live to run it."""
+    from rich.text import Text
+
+    from conveyor._console import err_console, follow, status_text
+
     if job.status is Status.QUEUED:
         hint = await target.no_worker_hint()
         if hint:
@@ -950,6 +979,8 @@ def jobs_list(
     scheduled and retrying are queued jobs due later (retrying: after a failed attempt),
     as the tables show them.
     """
+    from conveyor._console import console, job_document, jobs_table, print_json, status_text
+
     stored, shown = _status_filter(status)
     # scheduled/retrying (without queued itself) read queued jobs and keep those due later.
     only_shown = bool(shown) and Status.QUEUED.value not in [w.strip().lower() for w in status]
@@ -996,6 +1027,8 @@ def jobs_show(
     """Show one job with its attempts, the counts of the jobs below it and its first
     sub-jobs (--follow: a live progress bar until it ends; Ctrl-C stops following, exit
     130)."""
+    from conveyor._console import console, job_document, jobs_table, print_job, print_json
+
     shown: list[ShownJob] = []
 
     async def go(jobs: JobsTarget) -> tuple[ShownJob, list[Attempt], str | None, list[Any]]:
@@ -1038,6 +1071,7 @@ def jobs_show(
 @_jobs_target
 def jobs_cancel(target: Target, job_id: str, wait: bool, wait_timeout: float | None) -> None:
     """Cancel a job (a running one is asked to stop; --wait waits until it has)."""
+    from conveyor._console import console, follow
 
     async def go(jobs: JobsTarget) -> tuple[ShownJob, bool]:
         job = await jobs.cancel(job_id)
@@ -1075,6 +1109,8 @@ def jobs_retry(target: Target, job_id: str, failed_children: bool) -> None:
     """Retry a failed or cancelled job as a new job in its place (the old one is kept;
     a parent that failed because of it waits again). --failed-children: every failed
     job below JOB_ID, in one go."""
+    from conveyor._console import console
+
     if failed_children:
         retried = target.run(lambda jobs: jobs.retry_failed_children(job_id))
         for job in retried:
@@ -1097,6 +1133,8 @@ def queues() -> None:
 @_jobs_target
 def queues_list(target: Target) -> None:
     """List queues with their job counts per status and whether each is paused."""
+    from conveyor._console import console, queues_table
+
     found = target.run(lambda jobs: jobs.queues())
     console.print(queues_table(found))
 
@@ -1106,6 +1144,8 @@ def queues_list(target: Target) -> None:
 @_jobs_target
 def queues_pause(target: Target, queue: str) -> None:
     """Stop workers claiming jobs from QUEUE (running jobs finish)."""
+    from conveyor._console import console
+
     target.run(lambda jobs: jobs.pause(queue))
     console.print(f"queue {queue} paused: workers claim no new job from it")
 
@@ -1115,6 +1155,8 @@ def queues_pause(target: Target, queue: str) -> None:
 @_jobs_target
 def queues_resume(target: Target, queue: str) -> None:
     """Let workers claim jobs from QUEUE again."""
+    from conveyor._console import console
+
     target.run(lambda jobs: jobs.resume(queue))
     console.print(f"queue {queue} resumed")
 
@@ -1211,6 +1253,8 @@ def serve(
     docs/security.md). SIGTERM or SIGINT stops the server, then the worker hands its
     running jobs back.
     """
+    from conveyor.worker import WorkerOptions
+
     try:
         from conveyor.web import ApiOptions, create_api
         from conveyor.web._server import ServerLimits
@@ -1276,8 +1320,11 @@ async def _serve(
     worker_options: WorkerOptions | None,
     limits: Any,
 ) -> None:
+    import asyncio
+
     import uvicorn
 
+    from conveyor._console import console, err_console
     from conveyor.web._server import GuardedConfig
 
     if not [t for t in await app.list_tokens() if t.active]:
@@ -1349,6 +1396,8 @@ def tokens_create(
     expires: str | None,
 ) -> None:
     """Create an API token and print it (on stdout, alone, this once only)."""
+    from conveyor._console import console, err_console
+
     app = _app_from(app_spec, database_url)
     token, secret = _run(app.create_token(tenant=tenant, role=role, name=name, expires=expires))
     until = (
@@ -1377,6 +1426,8 @@ def tokens_rotate(
 ) -> None:
     """Give the token ID a new secret and print it (once); the old secret stops working
     (after --grace). The token keeps its id, tenant, role and expiry."""
+    from conveyor._console import console, err_console
+
     app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> tuple[Token, str]:
@@ -1405,6 +1456,8 @@ def tokens_rotate(
 def tokens_list(app_spec: str | None, database_url: str | None, as_json: bool) -> None:
     """List API tokens (never their secrets), newest first: state (active, expired or
     revoked), expiry and when each was last used (recorded at most once a minute)."""
+    from conveyor._console import console, jsonable, print_json, tokens_table
+
     app = _app_from(app_spec, database_url, must_exist=True)
 
     async def read() -> tuple[list[Token], datetime]:
@@ -1426,6 +1479,8 @@ def tokens_list(app_spec: str | None, database_url: str | None, as_json: bool) -
 @_url_option
 def tokens_revoke(token_id: str, app_spec: str | None, database_url: str | None) -> None:
     """Revoke the token ID: requests bearing it are refused from now on."""
+    from conveyor._console import console
+
     app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> None:
@@ -1451,6 +1506,8 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
     The verdict and counts are those of the API's /health/ready: each worker is live
     while its newest heartbeat is younger than its own lease, dead once silent longer.
     """
+    from conveyor._console import console, print_json, queues_table, worker_document, workers_table
+
     app = _app_from(app_spec, database_url, must_exist=True)
 
     async def go() -> tuple[Health, list[Any], list[Any]]:
@@ -1486,6 +1543,8 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
 
 def _hint(health: Health, app_spec: str | None) -> str | None:
     """The "no live worker" hint, or None when a worker is live."""
+    from conveyor.core.health import no_live_worker
+
     if not health.no_live_worker:
         return None
     return no_live_worker(
@@ -1516,6 +1575,13 @@ def demo(app_spec: str, concurrency: int) -> None:
 async def _demo(
     app: Conveyor, app_spec: str, seed: Callable[[Conveyor], Any], concurrency: int
 ) -> None:
+    import asyncio
+
+    from rich.live import Live
+
+    from conveyor._console import console, jobs_table
+    from conveyor.worker import WorkerOptions
+
     submitted = seed(app)
     if inspect.isawaitable(submitted):
         submitted = await submitted

@@ -21,24 +21,22 @@ What each counter counts, per job type and queue:
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 # Run times of jobs span milliseconds to hours.
 _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30, 60, 300, 1800, 3600)
-_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, float("inf"))
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 # The attempt counters: (attribute, metric name, help).
 _COUNTERS = (
+    ("submitted", "conveyor_jobs_submitted", "Jobs created by this process."),
     ("started", "conveyor_jobs_started", "Attempts started by this worker."),
     ("succeeded", "conveyor_jobs_succeeded", "Attempts that ended the job succeeded."),
     ("failed", "conveyor_jobs_failed", "Attempts that ended the job failed (no retry left)."),
@@ -71,12 +69,26 @@ class Buckets:
         return out
 
 
+class _Submitted:
+    """A counter any thread may add to (submits come from any thread)."""
+
+    __slots__ = ("_lock", "value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        with self._lock:
+            self.value += amount
+
+
 class TypeMetrics:
     """The numbers of one (job type, queue), looked up once per attempt.
 
     The worker's counters are plain attributes it adds to on its event loop, read when
     Prometheus scrapes: an attempt costs a few additions, not a lock per metric.
-    ``submitted`` is a prometheus_client counter, since any thread may submit.
+    ``submitted`` takes a lock, since any thread may submit.
     """
 
     __slots__ = (
@@ -93,8 +105,8 @@ class TypeMetrics:
         "wait_seconds",
     )
 
-    def __init__(self, metrics: Metrics, type: str, queue: str) -> None:
-        self.submitted = metrics.submitted.labels(type, queue)
+    def __init__(self) -> None:
+        self.submitted = _Submitted()
         self.started = 0
         self.succeeded = 0
         self.failed = 0
@@ -108,47 +120,68 @@ class TypeMetrics:
 
 
 class Metrics:
-    """The counters, histograms and gauges of one application in this process."""
+    """The counters, histograms and gauges of one application in this process.
+
+    Everything is counted in plain numbers; ``registry`` (made when first asked for,
+    which is when prometheus_client is imported) turns them into Prometheus metrics
+    at each scrape.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = r = registry if registry is not None else CollectorRegistry()
-        self.submitted = Counter(
-            "conveyor_jobs_submitted",
-            "Jobs created by this process.",
-            ("type", "queue"),
-            registry=r,
-        )
-        self.store_seconds = Histogram(
-            "conveyor_store_seconds",
-            "Round-trip time of the worker's store calls, by operation.",
-            ("operation",),
-            buckets=_STORE_BUCKETS,
-            registry=r,
-        )
+        # The worker's store calls by operation (looked up once, not per call).
+        self.claim_seconds = Buckets(_STORE_BUCKETS)
+        self.settle_seconds = Buckets(_STORE_BUCKETS)
+        self.heartbeat_seconds = Buckets(_STORE_BUCKETS)
         self._children: dict[tuple[str, str], TypeMetrics] = {}
-        r.register(_Attempts(self._children))
+        self._registry: CollectorRegistry | None = None
+        self._lock = threading.Lock()
+        if registry is not None:
+            registry.register(_Collector(self))
+            self._registry = registry
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The Prometheus registry these metrics are collected from."""
+        with self._lock:
+            if self._registry is None:
+                from prometheus_client import CollectorRegistry
+
+                registry = CollectorRegistry()
+                registry.register(_Collector(self))
+                self._registry = registry
+            return self._registry
 
     def of(self, type: str, queue: str) -> TypeMetrics:
         """The metrics of one job type and queue (cached: cheap on the hot path)."""
         found = self._children.get((type, queue))
         if found is None:
-            found = self._children[(type, queue)] = TypeMetrics(self, type, queue)
+            with self._lock:  # two threads' first submits of a type make one entry
+                found = self._children.setdefault((type, queue), TypeMetrics())
         return found
 
 
-class _Attempts(Collector):
+class _Collector:
     """Turns the plain numbers of every (type, queue) into metrics when scraped."""
 
-    def __init__(self, children: dict[tuple[str, str], TypeMetrics]) -> None:
-        self.children = children
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
         labels = ["type", "queue"]
-        children = list(self.children.items())
+        children = list(self.metrics._children.items())
         for attribute, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=labels)
             for key, m in children:
-                family.add_metric(list(key), float(getattr(m, attribute)))
+                value: Any = getattr(m, attribute)
+                if isinstance(value, _Submitted):
+                    value = value.value
+                family.add_metric(list(key), float(value))
             yield family
         running = GaugeMetricFamily(
             "conveyor_jobs_running", "Attempts running now in this worker.", labels=labels
@@ -169,6 +202,15 @@ class _Attempts(Collector):
                 b: Buckets = getattr(m, attribute)
                 histogram.add_metric(list(key), b.cumulative(), b.sum)
             yield histogram
+        store = HistogramMetricFamily(
+            "conveyor_store_seconds",
+            "Round-trip time of the worker's store calls, by operation.",
+            labels=["operation"],
+        )
+        for operation in ("claim", "settle", "heartbeat"):
+            b = getattr(self.metrics, f"{operation}_seconds")
+            store.add_metric([operation], b.cumulative(), b.sum)
+        yield store
 
 
 __all__ = ["Buckets", "Metrics", "TypeMetrics"]

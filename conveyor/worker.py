@@ -70,7 +70,7 @@ from conveyor.core.model import (
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
-from conveyor.logs import job_fields
+from conveyor.logs import direct_handler, job_fields
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
@@ -337,6 +337,7 @@ class Worker:
         self.processed = 0
         self._metrics: Metrics | None = app.metrics if options.metrics else None
         self._hooks = app.hooks
+        self._traced = False  # whether attempts get spans (asked once per claim)
         self._limited = [
             t
             for t in (app.registry.get(name) for name in app.registry.names())
@@ -489,7 +490,7 @@ class Worker:
                         on_claimed=hold,  # renewed from then on, whatever the loop does
                     )
                     if self._metrics is not None:
-                        self._metrics.store_seconds.labels("claim").observe(time.monotonic() - sent)
+                        self._metrics.claim_seconds.observe(time.monotonic() - sent)
                     if failures:
                         log.warning("database reachable again; claiming resumed")
                     failures = 0
@@ -543,6 +544,8 @@ class Worker:
     def _start_claimed(self) -> None:
         """Start the handlers of the runs claimed since last called (on the loop)."""
         store = self._store
+        # Once per claim, not per job: asking opentelemetry costs an environment lookup.
+        self._traced = _tracing.enabled()
         if store is not None:
             for run, previous in self.leases.take_claimed():
                 self._start(store, run, previous)
@@ -606,7 +609,7 @@ class Worker:
             self._hooks.started(AttemptStarted(job=job, worker_id=self.id))
 
     async def _execute(self, run: _Run, job_type: JobType | None, store: Store) -> None:
-        if not _tracing.enabled():
+        if not self._traced:
             await self._attempt(run, job_type, store)
             return
         with _tracing.attempt_span(run.job, self.id) as span:
@@ -682,7 +685,7 @@ class Worker:
             elif run.is_async:
                 result = await job_type.fn(ctx, **kwargs)
             else:
-                called = _in_thread(self._threads, loop, job_type.fn, ctx, kwargs)
+                called = _in_thread(self._threads, loop, job_type.fn, ctx, kwargs, self._traced)
                 result = await asyncio.shield(called)
         except Retry as exc:
             return self._failure(
@@ -861,7 +864,7 @@ class Worker:
                 sent = time.monotonic()
                 refused = set(await store.settle([s for _, s in batch]))
                 if self._metrics is not None:
-                    self._metrics.store_seconds.labels("settle").observe(time.monotonic() - sent)
+                    self._metrics.settle_seconds.observe(time.monotonic() - sent)
                 failures = 0
             except Exception as exc:
                 if self._phase is _Phase.GAVE_UP:
@@ -873,18 +876,29 @@ class Worker:
                 await asyncio.sleep(pause_after_failures(failures, jitter=random.random()))
                 self._settle_ready.set()
                 continue
+            # Outcome lines straight to conveyor's handler when that is the same as logging
+            # them (asked once a batch), written together: see logs.direct_handler.
+            direct = direct_handler(log, logging.INFO)
+            lines: list[tuple[str, dict[str, Any]]] | None = None if direct is None else []
             for run, settlement in batch:
                 if run.job.id in refused:
                     self._lost(run, "lease lost before its result was recorded")
                 else:
-                    self._recorded(run, settlement)
+                    self._recorded(run, settlement, lines)
+            if direct is not None and lines:
+                direct.write_lines(log.name, logging.INFO, lines)
             self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
 
-    def _recorded(self, run: _Run, s: Settlement) -> None:
-        """Count, log and announce an attempt's outcome once the database has it."""
+    def _recorded(
+        self, run: _Run, s: Settlement, lines: list[tuple[str, dict[str, Any]]] | None
+    ) -> None:
+        """Count, log and announce an attempt's outcome once the database has it.
+
+        ``lines``: where INFO lines go to be written directly (None: to ``log``).
+        """
         status, m = s.status, run.metrics
         retry_at = None
         if status is Status.QUEUED and s.outcome is not None:
@@ -902,14 +916,17 @@ class Worker:
         level = logging.ERROR if status is Status.FAILED else logging.INFO
         if log.isEnabledFor(level):
             fields = run.fields(self.id)
-            fields["outcome"] = None if s.outcome is None else s.outcome.value
+            fields["outcome"] = s.outcome  # a StrEnum: the text it prints is its value
             fields["duration"] = round(run.elapsed, 6)
             if retry_at is not None:
                 fields["retry_at"] = retry_at.isoformat()
             if status is Status.FAILED:
                 fields["error"] = s.error
                 fields["traceback"] = s.traceback
-            log.log(level, _outcome_line(run, s, retry_at), extra=fields)
+            if lines is not None and level == logging.INFO:
+                lines.append((_outcome_line(run, s, retry_at), fields))
+            else:
+                log.log(level, _outcome_line(run, s, retry_at), extra=fields)
         hooks = self._hooks
         if hooks.attempt_end or hooks.final_failure:
             hooks.ended(
@@ -1096,7 +1113,7 @@ class _Heartbeat(threading.Thread):
         metrics: Metrics | None = None,
     ) -> None:
         super().__init__(name="conveyor-heartbeat", daemon=True)
-        self.latency = None if metrics is None else metrics.store_seconds.labels("heartbeat")
+        self.latency = None if metrics is None else metrics.heartbeat_seconds
         self.worker_id = worker_id
         self.lease = lease
         self.leases = leases
@@ -1242,6 +1259,7 @@ def _in_thread(
     fn: Callable[..., Any],
     ctx: JobContext,
     kwargs: dict[str, Any],
+    traced: bool,
 ) -> asyncio.Future[Any]:
     """Call a sync handler on a thread of its own; the future gets its outcome."""
     future: asyncio.Future[Any] = loop.create_future()
@@ -1265,7 +1283,7 @@ def _in_thread(
             pass  # the loop is closed: an abandoned handler outlived its worker
 
     # A traced attempt's span is current in the handler's thread too.
-    if _tracing.enabled():
+    if traced:
         threads.submit(functools.partial(contextvars.copy_context().run, call))
     else:
         threads.submit(call)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "conveyor"
 
 # Layers from the inside out; a module may import only its own layer or layers inside it.
@@ -243,6 +245,72 @@ def test_the_cli_loads_no_web_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# What `conveyor --help` must not load: each costs tens to hundreds of milliseconds.
+HEAVY_FOR_HELP = {
+    "asyncio",
+    "croniter",
+    "fastapi",
+    "httpx",
+    "jinja2",
+    "opentelemetry",
+    "prometheus_client",
+    "psycopg",
+    "psycopg_pool",
+    "pydantic",
+    "rich",
+    "sqlite3",
+    "starlette",
+    "uvicorn",
+}
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["worker", "--help"], ["jobs", "list", "--help"]])
+def test_help_loads_none_of_the_heavy_modules(argv: list[str]) -> None:
+    # A fresh interpreter, as `conveyor --help` runs: the package and the CLI import
+    # their heavy dependencies only in the commands that use them.
+    code = (
+        "import sys\n"
+        "from conveyor.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:]))\n"
+        "ours = sorted(m for m in sys.modules if m in "
+        "('conveyor.client', 'conveyor.worker', 'conveyor.store', 'conveyor._console'))\n"
+        "print(loaded + ours, file=sys.stderr)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *sorted(HEAVY_FOR_HELP)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+    )
+    assert "Usage:" in out.stdout
+    assert out.stderr.strip() == "[]", out.stderr
+
+
+def test_the_package_loads_its_parts_when_first_used() -> None:
+    code = (
+        "import sys, conveyor\n"
+        "before = 'conveyor.client' in sys.modules\n"
+        "from conveyor import Conveyor, Status, WorkerOptions\n"
+        "print(before, Conveyor.__module__, Status.__module__, WorkerOptions.__module__)\n"
+        "try:\n"
+        "    conveyor.Missing\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    )
+    assert out.stdout.splitlines() == [
+        "False conveyor.client conveyor.core.lifecycle conveyor.worker",
+        "module 'conveyor' has no attribute 'Missing'",
+    ]
 
 
 def test_no_function_over_80_lines_and_no_class_over_700() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import Conveyor, JobContext, Retry, Status
-from conveyor.logs import JsonFormatter, TextFormatter, configure
+from conveyor.logs import JsonFormatter, TextFormatter, configure, direct_handler
 from tests.helpers import running_worker, settled
 
 FIELDS = ("job_id", "job_type", "queue", "attempt", "worker")
@@ -189,3 +189,116 @@ def test_text_off_a_terminal_is_plain_single_lines() -> None:
     assert line.endswith(f"INFO conveyor.worker: {long_message} job_id=j1")
     assert isinstance(logging.getLogger().handlers[0].formatter, TextFormatter)
     assert not isinstance(JsonFormatter(), TextFormatter)
+
+
+# --- the worker's direct way to the log (logs.direct_handler) ---------------------------
+
+
+def _without_time(line: str) -> str:
+    """A text line from its level on, or a JSON line without its time."""
+    if line.startswith("{"):
+        return json.dumps({k: v for k, v in json.loads(line).items() if k != "time"})
+    return line.split(" ", 1)[1]
+
+
+@pytest.mark.usefixtures("root_logger")
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_line_written_directly_is_the_line_logging_writes(log_format: str) -> None:
+    stream = io.StringIO()
+    configure("INFO", log_format, stream=stream)
+    logger = logging.getLogger("conveyor.worker")
+    fields = {
+        "job_id": "j1",
+        "job_type": "t",
+        "queue": "q",
+        "attempt": 2,
+        "worker": "w",
+        "outcome": "succeeded",
+        "duration": 0.25,
+    }
+    direct = direct_handler(logger, logging.INFO)
+    assert direct is not None
+    logger.info("job succeeded in 0.250s", extra=fields)
+    # A line missing some fields takes the formatter's general way: the same there too.
+    partial = {"job_id": "j2", "attempt": 1}
+    logger.info("partial", extra=partial)
+    direct.write_lines(
+        logger.name, logging.INFO, [("job succeeded in 0.250s", fields), ("partial", partial)]
+    )
+    logged, logged_partial, written, written_partial = stream.getvalue().splitlines()
+    assert _without_time(logged) == _without_time(written)
+    assert _without_time(logged_partial) == _without_time(written_partial)
+    assert "job_id=j1 job_type=t queue=q attempt=2 worker=w" in logged or '"job_id": "j1"' in logged
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_lines_go_through_logging_when_anything_else_would_see_them() -> None:
+    configure("INFO", "text", stream=io.StringIO())
+    logger = logging.getLogger("conveyor.worker")
+    root = logging.getLogger()
+    assert direct_handler(logger, logging.INFO) is root.handlers[0]
+    # A second handler (pytest's caplog, an application's file handler)...
+    extra = logging.StreamHandler(io.StringIO())
+    root.addHandler(extra)
+    assert direct_handler(logger, logging.INFO) is None
+    root.removeHandler(extra)
+    # ...a filter on a logger on the way or on the handler, or another formatter...
+    only_errors = logging.Filter("nothing")
+    logger.addFilter(only_errors)
+    assert direct_handler(logger, logging.INFO) is None
+    logger.removeFilter(only_errors)
+    root.handlers[0].addFilter(only_errors)
+    assert direct_handler(logger, logging.INFO) is None
+    root.handlers[0].removeFilter(only_errors)
+    formatter = root.handlers[0].formatter
+    root.handlers[0].setFormatter(logging.Formatter("%(message)s"))
+    assert direct_handler(logger, logging.INFO) is None
+    root.handlers[0].setFormatter(formatter)
+    # ...or an application's record factory: each means a real record.
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *a, **k: factory(*a, **k))
+    try:
+        assert direct_handler(logger, logging.INFO) is None
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert direct_handler(logger, logging.INFO) is root.handlers[0]
+
+
+@pytest.mark.usefixtures("root_logger")
+async def test_the_worker_writes_its_outcome_lines_to_the_configured_stream(
+    app: Conveyor,
+) -> None:
+    @app.job()
+    async def quick(ctx: JobContext) -> None:
+        pass
+
+    stream = io.StringIO()
+    configure("INFO", "text", stream=stream)
+    job = await quick.submit()
+    async with running_worker(app):
+        await settled(job, Status.SUCCEEDED)
+    (line,) = (x for x in stream.getvalue().splitlines() if f"job_id={job.id}" in x)
+    assert " INFO conveyor.worker: job succeeded in " in line
+    assert f"job_type={job.type} queue=default attempt=1 worker=" in line
+
+
+@pytest.mark.parametrize("ending", ["return", "raise"])
+def test_buffered_lines_all_reach_a_pipe_when_the_process_ends(ending: str) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import logging\n"
+        "from conveyor.logs import configure\n"
+        "configure('INFO', 'text')\n"
+        "for n in range(2000):\n"
+        "    logging.getLogger('conveyor.worker').info('line %d', n)\n"
+        + ("raise SystemExit(0)\n" if ending == "return" else "raise RuntimeError('crash')\n")
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    lines = [x for x in done.stderr.splitlines() if "conveyor.worker: line " in x]
+    assert len(lines) == 2000 and lines[-1].endswith("line 1999")
+    if ending == "raise":
+        assert "RuntimeError: crash" in done.stderr

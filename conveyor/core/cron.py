@@ -13,8 +13,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
-
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
 
@@ -61,6 +59,9 @@ class Cron:
             raise ValueError(
                 f"unknown timezone {self.timezone!r}: use an IANA name such as 'Europe/Paris'"
             ) from None
+        # croniter is imported where cron is used: a worker without schedules never loads it.
+        from croniter import CroniterError, croniter
+
         try:
             croniter(self.expression, second_at_beginning=True)
         except (CroniterError, ValueError, KeyError) as exc:
@@ -75,6 +76,8 @@ class Cron:
         # Iterate wall-clock times, then place each in the zone: a wall time that occurs
         # twice (autumn) takes its first occurrence and one that does not exist (spring)
         # takes the zone's standard offset, so a daily schedule fires once either way.
+        from croniter import croniter
+
         zone = ZoneInfo(self.timezone)
         wall = moment.astimezone(zone).replace(tzinfo=None)
         ticks = croniter(self.expression, wall, second_at_beginning=True)

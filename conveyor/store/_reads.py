@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.core.auth import Token
 from conveyor.store import _scripts as scripts
 from conveyor.store._scripts import Dialect
-from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats, QueueLag
+from conveyor.store.protocol import AuditEntry, HealthCounts, JobEvent, MinuteStats, QueueLag
 
 
 class SharedReads(ABC):
@@ -55,6 +55,10 @@ class SharedReads(ABC):
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
         rows = await self._fetch("minute_stats", {"since": self._time_param(since)})
         return [scripts.minute_stats(self.dialect, r) for r in rows]
+
+    async def health(self) -> HealthCounts:
+        (row,) = await self._fetch("health", {"now": self._time_param(None)})
+        return scripts.health_counts(self.dialect, row)
 
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]

@@ -59,6 +59,7 @@ from conveyor.errors import IdempotencyConflict, InvalidDependency, InvalidState
 from conveyor.store import _fairness as fairness
 from conveyor.store.protocol import (
     AuditEntry,
+    HealthCounts,
     JobEvent,
     Lease,
     LeaseRecord,
@@ -221,6 +222,21 @@ def token(dialect: Dialect, row: Row) -> Token:
         expires_at=dialect.time(row["expires_at"]),
         previous_hash=row["previous_hash"],
         previous_expires_at=dialect.time(row["previous_expires_at"]),
+    )
+
+
+def health_counts(dialect: Dialect, row: Row) -> HealthCounts:
+    """Read the row of the ``health`` query."""
+    return HealthCounts(
+        queued=row["queued"],
+        due=row["due"],
+        running=row["running"],
+        stale_running=row["stale_running"],
+        workers=row["workers"],
+        live_workers=row["live_workers"],
+        last_heartbeat=dialect.time(row["last_heartbeat"]),
+        now=_time(dialect, row["now"], "time"),
+        dead_workers=row["dead_workers"],
     )
 
 

@@ -76,7 +76,6 @@ from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
-    HealthCounts,
     JobPageQuery,
     Lease,
     LeaseRecord,
@@ -807,23 +806,6 @@ class PostgresStore(SharedReads):
         scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
         name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
         return [job_of_row(row) for row in await self._fetch(name, params)]
-
-    async def health(self) -> HealthCounts:
-        (row,) = await self._fetch("health", {"now": self._now()})
-        now = utc(row["now"])
-        if now is None:
-            raise RuntimeError("the database returned no time")
-        return HealthCounts(
-            queued=row["queued"],
-            due=row["due"],
-            running=row["running"],
-            stale_running=row["stale_running"],
-            workers=row["workers"],
-            live_workers=row["live_workers"],
-            last_heartbeat=utc(row["last_heartbeat"]),
-            now=now,
-            dead_workers=row["dead_workers"],
-        )
 
     async def create_token(self, token: Token) -> None:
         await self._execute("create_token", scripts.token_params(token))

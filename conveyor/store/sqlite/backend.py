@@ -31,7 +31,6 @@ from conveyor.store._rows import STATUS
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
-    HealthCounts,
     JobPageQuery,
     Lease,
     LeaseRecord,
@@ -50,7 +49,6 @@ from conveyor.store.sqlite._codec import (
     job_of_row,
     jobs_of,
     submit_steps,
-    ts,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import rollback, translated
@@ -567,21 +565,6 @@ class SQLiteStore(SharedReads):
         scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
         name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
         return await self._run(lambda conn: jobs_of(conn.execute(_Q[name], params)))
-
-    async def health(self) -> HealthCounts:
-        now = self._clock()
-        (r,) = await self._fetch("health", {"now": now})
-        return HealthCounts(
-            queued=r["queued"],
-            due=r["due"],
-            running=r["running"],
-            stale_running=r["stale_running"],
-            workers=r["workers"],
-            live_workers=r["live_workers"],
-            last_heartbeat=ts(r["last_heartbeat"]),
-            now=datetime.fromtimestamp(now, UTC),
-            dead_workers=r["dead_workers"],
-        )
 
     async def create_token(self, token: Token) -> None:
         params = encode(scripts.token_params(token), self._clock())

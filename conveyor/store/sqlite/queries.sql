@@ -764,7 +764,7 @@ ORDER BY created_at, id
 LIMIT :limit;
 
 -- name: health
--- The counts the health check decides from, in one read.
+-- The counts the health check decides from, in one read, with the time they were read.
 SELECT
     (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued') AS queued,
     (SELECT count(*) FROM conveyor_jobs WHERE status = 'queued' AND run_at <= :now) AS due,
@@ -777,6 +777,7 @@ SELECT
     (SELECT count(*) FROM conveyor_workers
      WHERE stopped_at IS NULL AND heartbeat_at >= :now - lease_seconds) AS live_workers,
     (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
+    :now AS now,
     (SELECT count(*) FROM conveyor_workers
      WHERE stopped_at IS NULL AND heartbeat_at < :now - lease_seconds) AS dead_workers;
 
