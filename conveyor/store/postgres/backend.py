@@ -46,6 +46,8 @@ from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
 from conveyor.store.postgres._codec import (
     DIALECT,
+    copy_jobs,
+    copyable,
     fetch_jobs,
     heartbeat_params,
     job_of_row,
@@ -470,6 +472,11 @@ class PostgresStore(SharedReads):
                 # round trip instead of three (BEGIN, INSERT, COMMIT). Should its id or
                 # unique key be taken, the look-up that follows writes nothing.
                 return await self._read(lambda: submit_steps(jobs, None))
+            if copyable(jobs):
+                try:
+                    return await self._transaction(lambda conn: copy_jobs(conn, jobs, self._now()))
+                except psycopg.errors.UniqueViolation:
+                    pass  # an id is taken: the INSERT below returns the job holding it
             return await self._script(lambda: submit_steps(jobs, None))
         steps = submit_steps(jobs, self._now())
         known = (psycopg.AsyncConnection, psycopg.Connection)
