@@ -183,8 +183,8 @@ locked AS MATERIALIZED (
     ORDER BY j.id
     FOR UPDATE OF j
 ),
-held AS (
-    SELECT j.id,
+held AS MATERIALIZED (
+    SELECT e.*,
            (NOT %(decided)s AND e.status = 'succeeded'
             AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id)) AS deferred
     FROM locked j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
@@ -213,8 +213,8 @@ settled AS (
         progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
         progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
         lease_expires_at = NULL
-    FROM ended e JOIN held h USING (id)
-    WHERE j.id = h.id AND NOT h.deferred
+    FROM held e
+    WHERE j.id = e.id AND NOT e.deferred
     RETURNING j.id, j.parent_id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error,
               e.traceback
 ),
@@ -259,7 +259,7 @@ WITH ended AS (
     )
 ),
 held AS MATERIALIZED (
-    SELECT j.id,
+    SELECT e.*,
            (j.parent_id IS NULL
             AND NOT (e.status = 'succeeded'
                      AND EXISTS (SELECT 1 FROM conveyor_jobs c WHERE c.parent_id = j.id))
@@ -268,8 +268,8 @@ held AS MATERIALIZED (
                                  JOIN conveyor_jobs p ON p.id = d.job_id
                                  WHERE d.depends_on_id = j.id AND p.status = 'pending'))
            ) AS plain
-    FROM conveyor_jobs j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
-    WHERE j.id = ANY(%(ids)s::text[]) AND j.status = 'running'
+    FROM ended e JOIN conveyor_jobs j ON j.id = e.id
+    WHERE j.lease_token = e.token AND j.status = 'running'
 ),
 settled AS (
     UPDATE conveyor_jobs j
@@ -293,8 +293,8 @@ settled AS (
         progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
         progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
         lease_expires_at = NULL
-    FROM ended e JOIN held h USING (id)
-    WHERE j.id = h.id AND h.plain
+    FROM held e
+    WHERE j.id = e.id AND e.plain
     RETURNING j.id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error, e.traceback
 ),
 recorded AS (
