@@ -298,7 +298,13 @@ _log_format_option = click.option(
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
-@click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    "-c",
+    default=100,
+    show_default=True,
+    help="Jobs run at once (sync handlers: one thread each); lower it for CPU-heavy handlers.",
+)
 @click.option(
     "--queues",
     "-q",
