@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
@@ -409,6 +410,35 @@ def settle_params(
         "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
         "message": [s.progress.message if s.progress else None for s in settlements],
     }
+
+
+def settle_plain(
+    conn: psycopg.Connection[Any], settlements: Sequence[Settlement], now: datetime | None
+) -> tuple[list[str], list[Settlement]]:
+    """Settle the jobs whose end reaches no other job, in one round trip.
+
+    BEGIN, the lock, the settle and COMMIT are sent at once (a pipeline), so the
+    transaction's locks never wait for this process. Returns the ids refused and the
+    settlements left for the store's transactional settle: jobs with a parent, children
+    or pending dependents, still running.
+    """
+    params = settle_params(settlements, now, False)
+    try:
+        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
+            conn.execute("BEGIN")
+            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
+            cursor.execute(Q["settle_plain"], params)
+            conn.execute("COMMIT")
+            pipeline.sync()
+            rows = cursor.fetchall()
+    except BaseException:
+        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        raise
+    plain = {job_id for job_id, is_plain in rows if is_plain}
+    kept = {job_id for job_id, is_plain in rows if not is_plain}
+    refused = [s.job_id for s in settlements if s.job_id not in plain and s.job_id not in kept]
+    return refused, [s for s in settlements if s.job_id in kept]
 
 
 def on_database(

@@ -32,8 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg.rows import DictRow, dict_row, tuple_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conveyor.core.auth import Token
@@ -55,6 +54,7 @@ from conveyor.store.postgres._codec import (
     run_steps,
     run_steps_sync,
     settle_params,
+    settle_plain,
     submit_steps,
     utc,
 )
@@ -603,45 +603,18 @@ class PostgresStore(SharedReads):
         if not settlements:
             return []
         refused, rest = await self._transaction(
-            lambda conn: self._settle_plain(conn, settlements), atomic=False
+            lambda conn: settle_plain(conn, settlements, self._now()), atomic=False
         )
         if rest:
             refused += await self._transaction(lambda conn: self._settle(conn, rest))
         return refused
 
-    def _settle_plain(
-        self, conn: SyncConnection, settlements: Sequence[Settlement]
-    ) -> tuple[list[str], list[Settlement]]:
-        """Settle the jobs whose end reaches no other job, in one round trip.
-
-        BEGIN, the lock, the settle and COMMIT are sent at once (a pipeline), so the
-        transaction's locks never wait for this process. Returns the ids refused and the
-        settlements left for :meth:`_settle`: jobs with a parent, children or pending
-        dependents, still running.
-        """
-        params = settle_params(settlements, self._now(), False)
-        try:
-            with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
-                conn.execute("BEGIN")
-                conn.execute(_Q["lock_settling"], {"ids": params["ids"]})
-                cursor.execute(_Q["settle_plain"], params)
-                conn.execute("COMMIT")
-                pipeline.sync()
-                rows = cursor.fetchall()
-        except BaseException:
-            if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-                conn.rollback()
-            raise
-        plain = {job_id for job_id, is_plain in rows if is_plain}
-        kept = {job_id for job_id, is_plain in rows if not is_plain}
-        refused = [s.job_id for s in settlements if s.job_id not in plain and s.job_id not in kept]
-        return refused, [s for s in settlements if s.job_id in kept]
-
     def _settle(self, conn: SyncConnection, settlements: Sequence[Settlement]) -> list[str]:
         """Settle in the caller's transaction; a job's end reaches its parent and dependents.
 
-        The common batch, jobs without parent, children or dependents, is one round trip
-        (settle and the look-up of dependents pipelined) plus BEGIN and COMMIT.
+        A worker's batch comes here only for the jobs :meth:`_settle_plain` left (with a
+        parent, children or pending dependents); a rescue's whole batch does. The settle
+        and the look-up of dependents are pipelined, one round trip.
         """
         now = self._now()
         ended = [s.job_id for s in settlements if s.status.terminal]
