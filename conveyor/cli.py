@@ -348,7 +348,13 @@ def _apply_tenant_limits(app: Conveyor, specs: Sequence[str]) -> None:
 @main.command()
 @click.argument("app_spec", metavar="APP", envvar="CONVEYOR_APP")
 @_url_option
-@click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    "-c",
+    default=100,
+    show_default=True,
+    help="Jobs run at once (sync handlers: one thread each); lower it for CPU-heavy handlers.",
+)
 @click.option(
     "--queues",
     "-q",

@@ -20,6 +20,7 @@ and ``job.sync.wait()``: the same code paths, run on a portal loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import os
 import time
@@ -334,17 +335,23 @@ class Conveyor:
     def handles(self, new_jobs: Sequence[NewJob], results: Sequence[Submitted]) -> list[JobHandle]:
         """Turn a store's submit results into handles, refusing an id reused differently."""
         handles = []
-        for new, submitted in zip(new_jobs, results, strict=True):
-            job = submitted.job
-            same_id = not submitted.created and job.id == new.id
-            if same_id and (job.type != new.type or job.payload != new.payload):
-                raise IdempotencyConflict(
-                    f"job {new.id!r} exists with another type or payload; "
-                    "use a new id for a different job"
-                )
-            handles.append(JobHandle(self, job))
-            if submitted.created:
-                self.metrics.of(job.type, job.queue).submitted.inc()
+        created: collections.Counter[tuple[str, str]] = collections.Counter()
+        try:
+            for new, submitted in zip(new_jobs, results, strict=True):
+                job = submitted.job
+                same_id = not submitted.created and job.id == new.id
+                if same_id and (job.type != new.type or job.payload != new.payload):
+                    raise IdempotencyConflict(
+                        f"job {new.id!r} exists with another type or payload; "
+                        "use a new id for a different job"
+                    )
+                handles.append(JobHandle(self, job))
+                if submitted.created:
+                    created[job.type, job.queue] += 1
+        finally:
+            # Counted once per type and queue, not once per job.
+            for (job_type, queue), n in created.items():
+                self.metrics.of(job_type, queue).submitted.inc(n)
         return handles
 
     async def submit_many(

@@ -95,7 +95,9 @@ _PLAIN = frozenset({str, int, bool})
 class WorkerOptions:
     """How a worker runs, validated when built."""
 
-    concurrency: int = 10
+    # Jobs at once, and the most claimed in one round trip: 100 keeps a worker of short
+    # jobs from waiting on round trips (10 drained at half the rate on PostgreSQL).
+    concurrency: int = 100
     queues: tuple[str, ...] | None = None  # None: the queues of the registered job types
     lease: float = 30.0
     grace: float = 30.0

@@ -29,6 +29,7 @@ from conveyor import (
     Status,
     Submission,
 )
+from conveyor.core.model import Settlement
 from conveyor.store import create_store
 from conveyor.store.postgres import PostgresStore
 from conveyor.store.postgres.backend import _MIGRATIONS, _Q
@@ -209,6 +210,35 @@ async def test_leases_and_run_at_are_server_times(store: PostgresStore) -> None:
     assert job is not None
     assert job.run_at - server_now == pytest.approx(timedelta(hours=1), abs=timedelta(seconds=5))
     assert await store.claim(worker_id="w", queues=["default"], limit=1, lease=30) == []
+
+
+async def test_a_dependent_submitted_while_its_dependency_settles_is_released(
+    store: PostgresStore, url: str
+) -> None:
+    """A dependent submitted in a transaction that holds its dependency's row while the
+    dependency's settle waits for that row is seen by the settle, which queues it."""
+    await store.submit([new("upstream")])
+    (claimed,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        # The dependent's submit locks its dependency's row until this transaction ends.
+        await store.submit([new("downstream", depends_on=("upstream",))], connection=conn)
+        done = Settlement(claimed.id, claimed.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        settling = asyncio.create_task(store.settle([done]))
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher:
+
+            async def settle_waits() -> bool:
+                cur = await watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                )
+                row = await cur.fetchone()
+                return row is not None and row[0] > 0
+
+            await eventually(settle_waits, timeout=10)
+        await conn.commit()
+    assert await settling == []
+    downstream = await store.get("downstream")
+    assert downstream is not None and downstream.status is Status.QUEUED
 
 
 # -- notifications --------------------------------------------------------------------

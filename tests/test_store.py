@@ -78,6 +78,40 @@ async def test_a_batch_returns_each_job_as_stored_and_existing_ids_as_found(
     assert results[1].job.payload == {"n": 0} and results[3].job.payload == {"n": 1}
 
 
+async def test_a_large_batch_is_stored_as_submitted_and_taken_ids_are_found(
+    store: Store, clock: FakeClock
+) -> None:
+    """Large batches may take a faster path (PostgreSQL: COPY); what they store and return,
+    and how a taken id is answered, are the same as for a small batch."""
+    at = datetime(2031, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    batch = [
+        new(
+            f"j{i:03}",
+            payload={"n": i, "text": "é\u2603"},
+            priority=i % 3,
+            delay=float(i % 5),
+            run_at=at if i % 7 == 0 else None,
+            tenant="acme" if i % 2 else None,
+            concurrency_key="k" if i % 4 == 0 else None,
+            timeout=2.5 if i % 6 == 0 else None,
+            lease=9.0 if i % 8 == 0 else None,
+            state={"resume": i} if i % 9 == 0 else None,
+            trace_context="00-" + "1" * 32 + "-" + "2" * 16 + "-01" if i % 10 == 0 else None,
+        )
+        for i in range(200)
+    ]
+    first = await store.submit(batch)
+    assert all(r.created for r in first)
+    for r in first:
+        assert r.job == await store.get(r.job.id)
+    again = await store.submit([new("fresh"), *batch[:60], new("j000", payload={"n": -1})])
+    assert again[0].created and not any(r.created for r in again[1:])
+    assert [r.job for r in again[1:61]] == [r.job for r in first[:60]]
+    assert again[61].job.payload == first[0].job.payload
+    twice = await store.submit([new(f"d{i}") for i in range(100)] + [new("d0")])
+    assert all(r.created for r in twice[:100]) and not twice[100].created
+
+
 async def test_claim_order_is_priority_then_run_at_then_id(store: Store, clock: FakeClock) -> None:
     await store.submit([new("c", priority=5)])
     await store.submit([new("b", priority=0)])

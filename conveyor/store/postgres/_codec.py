@@ -6,13 +6,15 @@ None unless the clock is pinned, and the queries then use the server's ``now()``
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
@@ -207,6 +209,56 @@ def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Su
     return results
 
 
+# A batch at least this large, of jobs without unique keys or dependencies, is written with
+# COPY: no JSON to build and parse, no conflict arbitration per row. Below it, one INSERT.
+COPY_MIN = 50
+_COPY_COLUMNS = (
+    "id", "type", "queue", "tenant", "payload", "status", "priority", "max_attempts", "run_at",
+    "timeout", "lease_seconds", "backoff_base", "backoff_cap", "state", "parent_id", "root_id",
+    "concurrency_key", "retry_of", "trace_context", "created_at",
+)  # fmt: skip
+_COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
+
+
+def copyable(jobs: Sequence[NewJob]) -> bool:
+    """Whether ``jobs`` may be written with :func:`copy_jobs`: a large batch with nothing
+    that needs ON CONFLICT but their ids (a taken id makes the COPY fail; see there)."""
+    return len(jobs) >= COPY_MIN and not any(j.unique_key or j.depends_on for j in jobs)
+
+
+def copy_jobs(
+    conn: psycopg.Connection[Any], jobs: Sequence[NewJob], now: datetime | None
+) -> list[Submitted]:
+    """Insert queued jobs with COPY, in the caller's transaction, as the submit INSERT would.
+
+    The times are the transaction's ``now()`` (read first), which the INSERT uses too.
+    COPY has no ON CONFLICT: an id already taken (a resubmitted client id, or this very
+    batch committed once before a lost connection) raises UniqueViolation, and the caller
+    submits the batch again the usual way, which returns the existing jobs.
+    """
+    dumps_payload = functools.partial(json.dumps, separators=(",", ":"))
+    results = []
+    with conn.cursor(row_factory=tuple_row) as cursor:
+        if now is None:
+            ((now,),) = cursor.execute("SELECT now()").fetchall()
+        created = utc(now)
+        with cursor.copy(_COPY) as copy:
+            for j in jobs:
+                run_at = (
+                    utc(j.run_at) if j.run_at is not None else created + timedelta(seconds=j.delay)
+                )
+                copy.write_row(
+                    (
+                        j.id, j.type, j.queue, j.tenant, dumps_payload(j.payload), "queued",
+                        j.priority, j.max_attempts, run_at, j.timeout, j.lease, j.backoff_base,
+                        j.backoff_cap, dumps(j.state), j.parent_id, j.root_id,
+                        j.concurrency_key, j.retry_of, j.trace_context, created,
+                    )
+                )  # fmt: skip
+                results.append(Submitted(j.stored(Status.QUEUED, run_at, created), created=True))
+    return results
+
+
 def _insert_batch(
     jobs: Sequence[NewJob], now: datetime | None, status: Status
 ) -> Script[list[Submitted]]:
@@ -365,6 +417,35 @@ def settle_params(
         "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
         "message": [s.progress.message if s.progress else None for s in settlements],
     }
+
+
+def settle_plain(
+    conn: psycopg.Connection[Any], settlements: Sequence[Settlement], now: datetime | None
+) -> tuple[list[str], list[Settlement]]:
+    """Settle the jobs whose end reaches no other job, in one round trip.
+
+    BEGIN, the lock, the settle and COMMIT are sent at once (a pipeline), so the
+    transaction's locks never wait for this process. Returns the ids refused and the
+    settlements left for the store's transactional settle: jobs with a parent, children
+    or pending dependents, still running.
+    """
+    params = settle_params(settlements, now, False)
+    try:
+        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
+            conn.execute("BEGIN")
+            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
+            cursor.execute(Q["settle_plain"], params)
+            conn.execute("COMMIT")
+            pipeline.sync()
+            rows = cursor.fetchall()
+    except BaseException:
+        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        raise
+    plain = {job_id for job_id, is_plain in rows if is_plain}
+    kept = {job_id for job_id, is_plain in rows if not is_plain}
+    refused = [s.job_id for s in settlements if s.job_id not in plain and s.job_id not in kept]
+    return refused, [s for s in settlements if s.job_id in kept]
 
 
 def on_database(

@@ -187,8 +187,8 @@ locked AS MATERIALIZED (
     ORDER BY j.id
     FOR UPDATE OF j
 ),
-held AS (
-    SELECT j.id, j.cancel_requested,
+held AS MATERIALIZED (
+    SELECT e.*, j.cancel_requested,
            -- A job with children has a row of counts (a primary-key probe of a small
            -- table: a probe of the parent index can be planned as a scan of every job
            -- once most jobs share one parent).
@@ -201,12 +201,12 @@ settled AS (
     UPDATE conveyor_jobs j
     -- A job whose cancel was asked for is never queued again (a retry, a hand-back or the
     -- rescue of a dead worker's run): it ends cancelled, with the reason the request stored.
-    SET status = CASE WHEN e.status = 'queued' AND h.cancel_requested THEN 'cancelled'
+    SET status = CASE WHEN e.status = 'queued' AND e.cancel_requested THEN 'cancelled'
                       ELSE e.status END,
         result = e.result::json,
         result_ref = coalesce(e.result_ref, j.result_ref),
         -- A cancelled job keeps the reason its cancel request stored.
-        error = CASE WHEN e.status IN ('queued', 'cancelled') AND h.cancel_requested
+        error = CASE WHEN e.status IN ('queued', 'cancelled') AND e.cancel_requested
                           THEN coalesce(j.error, e.error)
                      WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
                      ELSE e.error END,
@@ -216,7 +216,7 @@ settled AS (
             ELSE j.run_at END,
         finished_at = CASE
             WHEN e.status IN ('succeeded', 'failed', 'cancelled')
-                 OR (e.status = 'queued' AND h.cancel_requested)
+                 OR (e.status = 'queued' AND e.cancel_requested)
             THEN coalesce(%(now)s::timestamptz, now()) END,
         attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
         progress_done = CASE
@@ -227,8 +227,8 @@ settled AS (
         progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
         progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
         lease_expires_at = NULL
-    FROM ended e JOIN held h USING (id)
-    WHERE j.id = h.id AND NOT h.deferred
+    FROM held e
+    WHERE j.id = e.id AND NOT e.deferred
     RETURNING j.id, j.parent_id, j.status, j.attempt, j.lease_owner, j.started_at, e.outcome,
               e.error, e.traceback
 ),
@@ -248,6 +248,88 @@ recorded AS (
 SELECT id, parent_id, status, false AS deferred FROM settled
 UNION ALL
 SELECT id, NULL, NULL, true FROM held WHERE deferred;
+
+-- name: lock_settling
+-- The first statement of a plain settle (settle_plain): lock the jobs in id order, so
+-- that the settle's own statement, which starts after the locks are held, reads them and
+-- their dependents as committed by then.
+SELECT id FROM conveyor_jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
+
+-- name: settle_plain
+-- End the attempts of jobs whose end reaches no other job, as settle does, in the
+-- transaction of lock_settling: a job with a parent, a succeeded job with children, a job
+-- whose cancel was asked for and an ended job that pending jobs depend on are not settled
+-- here but returned with plain = false, for settle's transaction. Returns the jobs settled (plain = true); ids not
+-- returned were refused (the lease was lost).
+WITH ended AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(outcomes)s::text[],
+        %(results)s::text[], %(result_refs)s::text[], %(errors)s::text[],
+        %(tracebacks)s::text[], %(retry_delays)s::float8[], %(done)s::float8[],
+        %(total)s::float8[], %(message)s::text[]
+    ) AS e (
+        id, token, status, outcome, result, result_ref, error, traceback, retry_delay,
+        done, total, message
+    )
+),
+held AS MATERIALIZED (
+    SELECT e.*,
+           (j.parent_id IS NULL
+            -- A job whose cancel was asked for ends as settle decides (durable cancel).
+            AND NOT j.cancel_requested
+            -- A job with children has a row of counts (see settle).
+            AND NOT (e.status = 'succeeded'
+                     AND EXISTS (SELECT 1 FROM conveyor_job_counts c WHERE c.job_id = j.id))
+            AND NOT (e.status IN ('succeeded', 'failed', 'cancelled')
+                     AND EXISTS (SELECT 1 FROM conveyor_dependencies d
+                                 JOIN conveyor_jobs p ON p.id = d.job_id
+                                 WHERE d.depends_on_id = j.id AND p.status = 'pending'))
+           ) AS plain
+    FROM ended e JOIN conveyor_jobs j ON j.id = e.id
+    WHERE j.lease_token = e.token AND j.status = 'running'
+),
+settled AS (
+    UPDATE conveyor_jobs j
+    SET status = e.status,
+        result = e.result::json,
+        result_ref = coalesce(e.result_ref, j.result_ref),
+        error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
+        run_at = CASE
+            WHEN e.status = 'queued' THEN coalesce(%(now)s::timestamptz, now())
+                                          + make_interval(secs => e.retry_delay)
+            ELSE j.run_at END,
+        finished_at = CASE
+            WHEN e.status IN ('succeeded', 'failed', 'cancelled')
+            THEN coalesce(%(now)s::timestamptz, now()) END,
+        attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
+        progress_done = CASE
+            WHEN e.done IS NULL THEN j.progress_done
+            WHEN j.progress_total IS NOT DISTINCT FROM e.total AND j.progress_done > e.done
+            THEN j.progress_done
+            ELSE e.done END,
+        progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
+        progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
+        lease_expires_at = NULL
+    FROM held e
+    WHERE j.id = e.id AND e.plain
+    RETURNING j.id, j.attempt, j.lease_owner, j.started_at, e.outcome, e.error, e.traceback
+),
+recorded AS (
+    INSERT INTO conveyor_attempts (
+        job_id, number, worker_id, started_at, finished_at, outcome, error, traceback
+    )
+    SELECT id, attempt, lease_owner, started_at, coalesce(%(now)s::timestamptz, now()),
+           outcome, error, traceback
+    FROM settled
+    WHERE outcome IS NOT NULL
+    ON CONFLICT (job_id, number) DO UPDATE
+    SET worker_id = excluded.worker_id, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, outcome = excluded.outcome,
+        error = excluded.error, traceback = excluded.traceback
+)
+SELECT id, true AS plain FROM settled
+UNION ALL
+SELECT id, false FROM held WHERE NOT plain;
 
 -- name: awaited
 -- Which of the given jobs pending jobs depend on (run after settle, in its transaction).
