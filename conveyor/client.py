@@ -328,7 +328,10 @@ class Conveyor:
         # Inside a submit span, the jobs carry its trace context; in a handler, the
         # attempt's (its children's runs then appear under it).
         traceparent = _tracing.current_traceparent()
-        new_jobs = [self._prepare(s, traceparent, submitted_by) for s in submissions]
+        new_jobs = [
+            _new_job(self.registry, s, self._wallclock(), traceparent, submitted_by)
+            for s in submissions
+        ]
         _check_acyclic(new_jobs)
         return new_jobs
 
@@ -367,49 +370,6 @@ class Conveyor:
             await self.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs, connection=connection)
         return self.handles(new_jobs, results)
-
-    def _prepare(
-        self, s: Submission, traceparent: str | None = None, submitted_by: str = "local"
-    ) -> NewJob:
-        job_type = self.registry.get(s.type)
-        options = job_type.options
-        payload = job_type.validate(s.payload)
-        if s.id is not None:
-            try:
-                check_job_id(local(s.tenant, s.id))
-            except ValueError as exc:
-                raise InvalidPayload(s.type, str(exc)) from None
-        queue = s.queue if s.queue is not None else options.queue
-        check_queue(queue)
-        max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be at least 1, not {max_attempts!r}")
-        priority = s.priority if s.priority is not None else options.priority
-        if not isinstance(priority, int):
-            raise ConfigurationError(f"priority must be an integer, not {priority!r}")
-        timeout = optional_seconds(s.timeout, "timeout")
-        delay = optional_seconds(s.delay, "delay") or 0.0
-        job_id, depends_on = _stored_names(s, s.id or new_id(self._wallclock()))
-        return NewJob(
-            id=job_id,
-            type=s.type,
-            payload=payload,
-            queue=queue,
-            priority=priority,
-            run_at=_run_at(s.run_at),
-            delay=delay,
-            max_attempts=max_attempts,
-            timeout=timeout if timeout is not None else options.timeout,
-            lease=options.lease,
-            backoff_base=options.backoff.base,
-            backoff_cap=options.backoff.cap,
-            tenant=s.tenant,
-            unique_key=s.unique_key,
-            concurrency_key=s.concurrency_key,
-            depends_on=depends_on,
-            trace_context=traceparent,
-            submitted_by=submitted_by,
-        )
 
     def new_job_id(self, tenant: str | None = None) -> str:
         """A new time-sortable job id, as stored for a job of ``tenant``."""
@@ -849,6 +809,51 @@ def _rate(value: str | None) -> tuple[int, float] | None:
         return parse_rate(value)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+
+
+def _new_job(
+    registry: Registry, s: Submission, now: float, traceparent: str | None, submitted_by: str
+) -> NewJob:
+    """The job ``s`` describes, checked against its type and with the type's defaults."""
+    job_type = registry.get(s.type)
+    options = job_type.options
+    payload = job_type.validate(s.payload)
+    if s.id is not None:
+        try:
+            check_job_id(local(s.tenant, s.id))
+        except ValueError as exc:
+            raise InvalidPayload(s.type, str(exc)) from None
+    queue = s.queue if s.queue is not None else options.queue
+    check_queue(queue)
+    max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be at least 1, not {max_attempts!r}")
+    priority = s.priority if s.priority is not None else options.priority
+    if not isinstance(priority, int):
+        raise ConfigurationError(f"priority must be an integer, not {priority!r}")
+    timeout = optional_seconds(s.timeout, "timeout")
+    delay = optional_seconds(s.delay, "delay") or 0.0
+    job_id, depends_on = _stored_names(s, s.id or new_id(now))
+    return NewJob(
+        id=job_id,
+        type=s.type,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        run_at=_run_at(s.run_at),
+        delay=delay,
+        max_attempts=max_attempts,
+        timeout=timeout if timeout is not None else options.timeout,
+        lease=options.lease,
+        backoff_base=options.backoff.base,
+        backoff_cap=options.backoff.cap,
+        tenant=s.tenant,
+        unique_key=s.unique_key,
+        concurrency_key=s.concurrency_key,
+        depends_on=depends_on,
+        trace_context=traceparent,
+        submitted_by=submitted_by,
+    )
 
 
 def _stored_names(s: Submission, job_id: str) -> tuple[str, tuple[str, ...]]:

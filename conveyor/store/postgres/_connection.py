@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from conveyor.errors import ConfigurationError
+from conveyor.core.retry import pause_after_failures
+from conveyor.errors import ConfigurationError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from conveyor.store.postgres.backend import PostgresStore
@@ -124,3 +127,45 @@ def advice(reason: str) -> str:
         "Check that the server is running and reachable from this machine, and the host "
         "and port in the URL (CONVEYOR_DATABASE_URL)"
     )
+
+
+CANCEL_CHANNEL = "conveyor_cancel"
+
+
+async def listen_forever(
+    connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+    listen: str,
+    wake: asyncio.Event,
+    cancelled: set[str],
+    where: Callable[[], str],
+) -> None:
+    """Listen (``listen``: the LISTEN statements) for the store's notifications until
+    cancelled: set ``wake`` on each, and
+    add the id of each job whose cancel was asked for to ``cancelled``. A lost connection
+    is opened again (with backoff); meanwhile the worker polls."""
+    failures = 0
+    while True:
+        try:
+            conn = await connect()
+            async with conn:
+                await conn.execute(listen)
+                if failures:
+                    log.warning("listening for notifications again on %s", where())
+                failures = 0
+                # Whatever happened while nobody listened is found by claiming now.
+                wake.set()
+                async for note in conn.notifies():
+                    if note.channel == CANCEL_CHANNEL:
+                        cancelled.add(note.payload)
+                    wake.set()
+        except (psycopg.Error, DatabaseUnavailable) as exc:
+            failures += 1
+            if failures == 1:
+                log.warning(
+                    "no notification connection to %s (%s); polling until it is back",
+                    where(),
+                    reason(exc),
+                )
+        await asyncio.sleep(
+            pause_after_failures(failures, jitter=random.random(), base=0.2, cap=10.0)
+        )

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,6 @@ from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
-from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._fairness import TenantMix
@@ -70,6 +68,7 @@ from conveyor.store.postgres._connection import (
     QUIET_POOLS,
     advice,
     describe,
+    listen_forever,
     parse_postgres_url,
     reason,
     redact,
@@ -99,7 +98,6 @@ log = logging.getLogger("conveyor.store.postgres")
 
 _MIGRATIONS = load_migrations("conveyor.store.postgres")
 
-CANCEL_CHANNEL = "conveyor_cancel"
 
 # How long an operation waits for a pooled connection. A restart of the server takes a
 # few seconds: operations made meanwhile wait for it rather than fail.
@@ -761,7 +759,10 @@ class PostgresStore(SharedReads):
         """
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(
-                self._listen(), name="conveyor-postgres-listen"
+                listen_forever(
+                    self._connect, _Q["listen"], self._wake, self._cancelled, self._where
+                ),
+                name="conveyor-postgres-listen",
             )
         if not self._wake.is_set():
             try:
@@ -772,34 +773,6 @@ class PostgresStore(SharedReads):
         self._wake.clear()
         cancelled, self._cancelled = frozenset(self._cancelled), set()
         return cancelled
-
-    async def _listen(self) -> None:
-        failures = 0
-        while True:
-            try:
-                conn = await self._connect()
-                async with conn:
-                    await conn.execute(_Q["listen"])
-                    if failures:
-                        log.warning("listening for notifications again on %s", self._where())
-                    failures = 0
-                    # Whatever happened while nobody listened is found by claiming now.
-                    self._wake.set()
-                    async for note in conn.notifies():
-                        if note.channel == CANCEL_CHANNEL:
-                            self._cancelled.add(note.payload)
-                        self._wake.set()
-            except (psycopg.Error, DatabaseUnavailable) as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "no notification connection to %s (%s); polling until it is back",
-                        self._where(),
-                        reason(exc),
-                    )
-            await asyncio.sleep(
-                pause_after_failures(failures, jitter=random.random(), base=0.2, cap=10.0)
-            )
 
     def _where(self) -> str:
         return describe(self._params)
