@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
 from conveyor import _blocking
 from conveyor.core.durations import Duration
+from conveyor.core.ids import qualify
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, Progress, TreeCounts, as_utc
 from conveyor.errors import ConfigurationError
@@ -228,8 +229,10 @@ class JobPage:
 
 
 def encode_cursor(job: Job) -> str:
-    """The opaque cursor of the page that follows ``job``: its ``(created_at, id)``."""
-    raw = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
+    """The opaque cursor of the page that follows ``job``: its ``(created_at, id)``, with
+    the id as stored (a job shown to its tenant under its bare id is qualified again)."""
+    stored = qualify(job.tenant, job.id)
+    raw = json.dumps([job.created_at.isoformat(), stored], separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

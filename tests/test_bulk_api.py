@@ -43,7 +43,7 @@ async def test_a_bulk_job_over_http_counts_lists_retries_and_reopens(app: Convey
         root: dict[str, Any] = r.json()
         assert (root["submitted_by"], root["below"]) == (f"token:{token.id}", None)
         async with running_worker(app):
-            await settled(await app.get(root["id"]), Status.FAILED)
+            await settled(await app.get(f"acme/{root['id']}"), Status.FAILED)
             root = (await c.get(f"/jobs/{root['id']}")).json()
             assert root["below"] == {
                 "pending": 0, "queued": 0, "running": 0, "waiting": 0, "succeeded": 3,
@@ -59,7 +59,7 @@ async def test_a_bulk_job_over_http_counts_lists_retries_and_reopens(app: Convey
             (retried,) = r.json()["retried"]
             assert (retried["retry_of"], retried["retry_count"]) == (f"{root['id']}.0", 1)
             assert retried["parent_id"] == root["id"]
-            await settled(await app.get(root["id"]), Status.SUCCEEDED)
+            await settled(await app.get(f"acme/{root['id']}"), Status.SUCCEEDED)
         root = (await c.get(f"/jobs/{root['id']}")).json()
         assert (root["status"], root["below"]["succeeded"], root["below"]["total"]) == (
             "succeeded",

@@ -771,7 +771,8 @@ class PostgresStore(SharedReads):
             except TimeoutError:
                 pass
         self._wake.clear()
-        cancelled, self._cancelled = frozenset(self._cancelled), set()
+        cancelled = frozenset(self._cancelled)
+        self._cancelled.clear()  # the listener holds this set
         return cancelled
 
     def _where(self) -> str:
