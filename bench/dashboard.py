@@ -48,7 +48,8 @@ INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, attempt, max_attempts, run_at, backoff_base,
     backoff_cap, created_at, started_at, finished_at, error, lease_owner, lease_expires_at
 )
-SELECT printf('bench%012d', i), 'type' || (i % 8), 'queue' || (i % 5), 'tenant' || (i % 10),
+SELECT 'tenant' || (i % 10) || '/' || printf('bench%012d', i), 'type' || (i % 8),
+       'queue' || (i % 5), 'tenant' || (i % 10),
        '{{"n": ' || i || '}}', status, 1, 3, t, 1.0, 3600.0, t,
        CASE WHEN status = 'queued' THEN NULL ELSE t + 0.5 END,
        CASE WHEN status IN ('succeeded', 'failed', 'cancelled') THEN t + 2 ELSE NULL END,
@@ -68,7 +69,8 @@ INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, attempt, max_attempts, run_at, backoff_base,
     backoff_cap, created_at, started_at, finished_at, error, lease_owner, lease_expires_at
 )
-SELECT 'bench' || lpad(i::text, 12, '0'), 'type' || (i %% 8), 'queue' || (i %% 5),
+SELECT 'tenant' || (i %% 10) || '/bench' || lpad(i::text, 12, '0'), 'type' || (i %% 8),
+       'queue' || (i %% 5),
        'tenant' || (i %% 10), jsonb_build_object('n', i), status, 1, 3, t, 1.0, 3600.0, t,
        CASE WHEN status = 'queued' THEN NULL ELSE t + interval '0.5 s' END,
        CASE WHEN status IN ('succeeded', 'failed', 'cancelled') THEN t + interval '2 s' END,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conveyor import Conveyor, Status
+from conveyor import Conveyor, JobHandle, Status
 from conveyor.web import ApiOptions, create_api
 from conveyor.web.ui import DashboardOptions, create_dashboard
 from tests.apiserver import ServerThread, serving
@@ -32,6 +32,11 @@ ACTIONS = re.compile("cancel|retry|pause|resume|run|enable|disable", re.IGNORECA
 WAIT_MS = 30_000  # the longest a condition may take on a loaded machine
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def local(job: JobHandle) -> str:
+    """A tenant's job as the tenant's own token names it: without the tenant's prefix."""
+    return job.id.removeprefix(f"{job.record.tenant}/")
 
 
 @pytest.fixture
@@ -125,24 +130,24 @@ async def test_tour_sign_in_filter_open_and_retry(
     await page.get_by_role("button", name="Filter").click()
     rows = page.locator("#rows tr")
     await expect(rows).to_have_count(2)  # the failed job and the failed parent
-    await expect(page.locator("#rows")).not_to_contain_text(done.id)
+    await expect(page.locator("#rows")).not_to_contain_text(local(done))
     await shoot(page, backend, "jobs")
 
     # Open the failed job: its error and traceback, then retry it.
-    await page.get_by_role("link", name=failed.id).click()
-    await expect(page.get_by_role("heading", name=f"Job {failed.id}")).to_be_visible()
+    await page.get_by_role("link", name=local(failed)).click()
+    await expect(page.get_by_role("heading", name=f"Job {local(failed)}")).to_be_visible()
     await expect(page.locator(".timeline")).to_contain_text("disk full")
     await page.get_by_text("Traceback").first.click()
     await expect(page.locator(".timeline pre")).to_contain_text("RuntimeError")
     await shoot(page, backend, "job-failed")
     await page.get_by_role("button", name="Retry job").click()
-    await expect(page.locator(".flash")).to_contain_text(f"job {failed.id} retried as")
+    await expect(page.locator(".flash")).to_contain_text(f"job {local(failed)} retried as")
     await expect(page.get_by_role("heading", name="Retry of")).to_be_visible()
     retried = (await app.page_jobs(status=["queued"], limit=10)).jobs
     assert [h.record.retry_of for h in retried] == [failed.id]
 
     # The parent with its tree, and a page per remaining section.
-    await page.goto(f"{server.base_url}/ui/jobs/{parent.id}")
+    await page.goto(f"{server.base_url}/ui/jobs/{local(parent)}")
     await expect(page.locator('[data-status="succeeded"]')).to_have_text("5")
     await shoot(page, backend, "job-tree")
     for name in ("queues", "schedules", "workers", "leases", "audit"):
@@ -156,7 +161,7 @@ async def test_tour_sign_in_filter_open_and_retry(
         browser, server, tokens["write"], viewport={"width": 390, "height": 844}, is_mobile=True
     )
     await shoot(phone, backend, "overview-phone")
-    await phone.goto(f"{server.base_url}/ui/jobs/{parent.id}")
+    await phone.goto(f"{server.base_url}/ui/jobs/{local(parent)}")
     await shoot(phone, backend, "job-phone")
 
 
@@ -177,7 +182,7 @@ async def test_progress_bar_advances_and_a_running_job_is_cancelled(
         await page.wait_for_function(
             "v => Number(document.querySelector('#rows progress').value) > v + 2", arg=start
         )
-        await page.get_by_role("link", name=job.id).click()
+        await page.get_by_role("link", name=local(job)).click()
         bar = page.locator("progress")
         await expect(bar).to_be_visible()  # appears without a reload once the job runs
         first = float(await bar.get_attribute("value") or 0)
@@ -200,7 +205,7 @@ async def test_a_bulk_jobs_tree_and_counts_fill_in(
 ) -> None:
     parent = await app.submit("fan_out", {"n": 200, "pause": 0.01}, tenant="acme")
     page = await sign_in(browser, server, tokens["write"])
-    await page.goto(f"{server.base_url}/ui/jobs/{parent.id}")
+    await page.goto(f"{server.base_url}/ui/jobs/{local(parent)}")
     await expect(page.locator("#status")).to_contain_text("queued")
     async with running_worker(app, concurrency=8):
         # The page is not reloaded: the live refresh brings the tree, then its counts.
@@ -248,7 +253,7 @@ async def test_a_read_only_token_sees_no_buttons(
     async with running_worker(app):
         await settled(failed, Status.FAILED)
     page = await sign_in(browser, server, tokens["read"])
-    for path in ("/", "/jobs", f"/jobs/{failed.id}", "/queues", "/schedules"):
+    for path in ("/", "/jobs", f"/jobs/{local(failed)}", "/queues", "/schedules"):
         await page.goto(f"{server.base_url}/ui{path}")
         await expect(page.locator("h1")).to_be_visible()
         await expect(page.locator("main form[method=post]")).to_have_count(0)
@@ -256,7 +261,7 @@ async def test_a_read_only_token_sees_no_buttons(
     await shoot(page, backend, "job-read-only")
     csrf = await page.locator('meta[name="csrf-token"]').get_attribute("content")
     refused = await page.request.post(
-        f"{server.base_url}/ui/jobs/{failed.id}/retry",
+        f"{server.base_url}/ui/jobs/{local(failed)}/retry",
         form={"csrf": csrf},
         headers={"Origin": server.base_url},
     )
