@@ -212,6 +212,17 @@ async def test_leases_and_run_at_are_server_times(store: PostgresStore) -> None:
     assert await store.claim(worker_id="w", queues=["default"], limit=1, lease=30) == []
 
 
+def test_a_copied_batch_writes_every_column_the_submit_insert_writes() -> None:
+    """Large batches are written with COPY (_codec.copy_jobs): a column added to the
+    submit INSERT must be added to the COPY too (unique keys and dependencies never
+    take the COPY path)."""
+    from conveyor.store.postgres._codec import _COPY_COLUMNS
+
+    inserted = _Q["submit"].split("INSERT INTO conveyor_jobs (", 1)[1].split(")", 1)[0]
+    columns = {c.strip() for c in inserted.split(",")}
+    assert columns - {"unique_key", "depends_on"} == set(_COPY_COLUMNS)
+
+
 async def test_a_dependent_submitted_while_its_dependency_settles_is_released(
     store: PostgresStore, url: str
 ) -> None:

@@ -113,6 +113,8 @@ _TX_POOL_MAX = 4
 # hung database makes the heartbeat fail (and the worker self-fence) in time.
 _HEARTBEAT_MARGIN_FRACTION = 1 / 6
 _HEARTBEAT_MARGIN_CAP = 2.0
+# A heartbeat of more leases than this is planned each time rather than prepared.
+_PREPARED_BEAT_MAX = 50
 # How often an operation runs when its connection was dead or its transaction deadlocked.
 _ATTEMPTS = 3
 
@@ -590,11 +592,13 @@ class PostgresStore(SharedReads):
         params = heartbeat_params(worker_id, leases, lease, progress, self._now())
         budget = max(0.05, min(lease * _HEARTBEAT_MARGIN_FRACTION, _HEARTBEAT_MARGIN_CAP) / 2)
 
+        # Many leases: planned for its own arrays (not prepared). A prepared statement's
+        # generic plan guesses 10 leases, and joined 1,000 leases with 1,000 x 1,000
+        # comparisons (0.4 s against 23 ms); a few leases cost no more either way.
+        prepare = False if len(params["ids"]) > _PREPARED_BEAT_MAX else None
+
         async def beat(conn: Connection) -> list[DictRow]:
-            # Planned for its own arrays each time (not prepared): a prepared statement's
-            # generic plan guesses 10 leases, and joined 1,000 leases with 1,000 x 1,000
-            # comparisons (0.4 s against 23 ms). A beat comes every lease/3, not per job.
-            cursor = await conn.execute(_Q["heartbeat"], params, prepare=False)
+            cursor = await conn.execute(_Q["heartbeat"], params, prepare=prepare)
             return await cursor.fetchall()
 
         try:
