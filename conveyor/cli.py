@@ -1373,7 +1373,7 @@ async def _serve(
 
 @main.group()
 def tokens() -> None:
-    """Create, list and revoke API tokens (stored hashed; a secret is shown once)."""
+    """Create, list, rotate and revoke API tokens (stored hashed; a secret is shown once)."""
 
 
 @tokens.command("create")

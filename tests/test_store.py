@@ -523,6 +523,32 @@ async def test_tokens_are_created_found_touched_revoked_once_and_listed(
     assert {t.id for t in await store.list_tokens()} == {"t1", "t2"}
 
 
+async def test_tokens_expire_and_rotate_with_a_grace_and_servers_share_a_secret(
+    store: Store, clock: FakeClock
+) -> None:
+    made = datetime.fromtimestamp(clock.now, UTC)
+    until = made + timedelta(days=30)
+    token = Token("t1", "acme", Role.READ, hash_secret("one"), None, made, expires_at=until)
+    await store.create_token(token)
+    found = await store.find_token("t1")
+    assert found is not None and found.expires_at == until
+    grace = made + timedelta(minutes=10)
+    rotated = await store.rotate_token("t1", secret_hash=hash_secret("two"), grace_until=grace)
+    assert rotated is not None and rotated.secret_hash == hash_secret("two")
+    assert rotated.previous_hash == hash_secret("one") and rotated.previous_expires_at == grace
+    assert rotated.matches("one", made) and not rotated.matches("one", grace)
+    at_once = await store.rotate_token("t1", secret_hash=hash_secret("three"), grace_until=None)
+    assert at_once is not None and at_once.previous_hash is None
+    assert not at_once.matches("two", made) and at_once.matches("three", made)
+    await store.revoke_token("t1")
+    assert await store.rotate_token("t1", secret_hash="x", grace_until=None) is None
+    assert await store.rotate_token("missing", secret_hash="x", grace_until=None) is None
+    secret = await store.server_secret("cursor")
+    assert secret is not None and len(secret) >= 32
+    assert await store.server_secret("cursor") == secret  # made once, by the migration
+    assert await store.server_secret("nothing") is None
+
+
 # -- behaviour every backend must show (once PostgreSQL-only) ---------------------------
 
 
