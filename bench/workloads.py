@@ -188,7 +188,7 @@ def conveyor_drain_4proc(backend: str, url: str, sizes: Sizes) -> Metrics:
 
 @workload(
     "conveyor_drain_observed",
-    "1 worker: drain_jobs with INFO logs + metrics vs. without, same run; the ratio",
+    "2 workers at once: drain_jobs with INFO logs + metrics vs. without; ratio, CPU/job",
 )
 def conveyor_drain_observed(backend: str, url: str, sizes: Sizes) -> Metrics:
     """What per-attempt log lines and metrics cost a draining worker."""
