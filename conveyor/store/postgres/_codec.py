@@ -215,7 +215,7 @@ COPY_MIN = 50
 _COPY_COLUMNS = (
     "id", "type", "queue", "tenant", "payload", "status", "priority", "max_attempts", "run_at",
     "timeout", "lease_seconds", "backoff_base", "backoff_cap", "state", "parent_id", "root_id",
-    "concurrency_key", "retry_of", "trace_context", "created_at",
+    "concurrency_key", "retry_of", "trace_context", "retry_count", "submitted_by", "created_at",
 )  # fmt: skip
 _COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
 
@@ -252,7 +252,8 @@ def copy_jobs(
                         j.id, j.type, j.queue, j.tenant, dumps_payload(j.payload), "queued",
                         j.priority, j.max_attempts, run_at, j.timeout, j.lease, j.backoff_base,
                         j.backoff_cap, dumps(j.state), j.parent_id, j.root_id,
-                        j.concurrency_key, j.retry_of, j.trace_context, created,
+                        j.concurrency_key, j.retry_of, j.trace_context, j.retry_count,
+                        j.submitted_by, created,
                     )
                 )  # fmt: skip
                 results.append(Submitted(j.stored(Status.QUEUED, run_at, created), created=True))
