@@ -21,8 +21,9 @@ already runs (the job was rescued from it), the older run is dropped as lost.
 Claimed jobs reach the heartbeat before the event loop: the store calls the worker back
 on the thread that completes the claim, where their leases are held (and renewed from
 then on) however long a handler blocks the loop. The loop starts their handlers later,
-and never on a lease it cannot show is current: one that may have expired is dropped
-unstarted, one older than lease/3 waits for the heartbeat's renewal first.
+and never on a lease it cannot show is current: one that may have expired is handed back
+unstarted (fenced: refused if another worker rescued the job meanwhile), one older than
+lease/3 waits for the heartbeat's renewal first.
 
 On SIGTERM or SIGINT the worker stops claiming, gives running handlers ``grace``
 seconds, then cancels them and hands their jobs back as ``queued`` without spending an
@@ -565,17 +566,17 @@ class Worker:
             self._lose(previous)
         if run.done:
             return
-        if _may_have_expired(run, time.monotonic()):
-            # The loop came back to this claim too late (it was blocked): another worker
-            # may hold the job by now. Never start a handler on such a lease.
-            log.warning("job %s: lease may have expired before its handler started", job.id)
-            run.interrupt, run.done = _Interrupt.LOST, True
-            self.leases.release((run,))
-            return
+        stale = _may_have_expired(run, time.monotonic())
         self._active += 1
         self._idle.clear()
-        if self._phase >= _Phase.STOPPING:
-            # Claimed as the stop came (the claim was in flight): handed back unstarted.
+        if stale or self._phase >= _Phase.STOPPING:
+            # Claimed as the stop came (the claim was in flight), or the loop came back to
+            # this claim too late (it was blocked) and another worker may hold the job by
+            # now: never start a handler then, hand the job back unstarted. The hand-back
+            # is fenced like any settle: refused if the job was rescued meanwhile, else
+            # the job is queued again at once (not stuck until its lease runs out).
+            if stale:
+                log.warning("job %s: lease may have expired before its handler started", job.id)
             run.began = time.perf_counter()
             self._finish(run, self._settlement(run, Event.HAND_BACK, None))
             return

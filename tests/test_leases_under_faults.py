@@ -497,9 +497,9 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
     app: Conveyor, backend: str, db_url: str
 ) -> None:
     """The loop reaches a claimed run after its lease may have expired (it was blocked,
-    and nothing renewed the lease): the handler is not started and nothing is settled.
-    A run whose lease is older than lease/3 waits for a renewal first; with none, it
-    is dropped too."""
+    and nothing renewed the lease): the handler is not started, and the job is handed
+    back (fenced: it is queued again at once, its attempt not spent). A run whose lease is
+    older than lease/3 waits for a renewal first; with none, it is dropped as lost."""
     lease = 1.2
     started: list[str] = []
 
@@ -521,7 +521,11 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
             on_claimed=lambda jobs: worker.leases.hold_claimed(jobs, time.monotonic() - lease),
         )
         worker._start_claimed()
-        assert len(worker.leases) == 0, "a lease that may have expired is still held"
+        ((handed, back),) = worker._outbox  # the settle loop (not running here) sends it
+        assert handed.done and handed.job.id == job.id and back.status is Status.QUEUED
+        worker._outbox.clear()
+        assert await store.settle([back]) == []
+        worker.leases.release((handed,))
         (job2,) = await store.claim(
             worker_id=worker.id,
             queues=app.registry.queues(),
@@ -539,7 +543,8 @@ async def test_a_run_whose_lease_went_stale_before_its_handler_starts_is_not_sta
         await store.close()
     assert {job.id, job2.id} == {stale.id, aging.id}
     assert started == [], "a handler started on a lease it could not show was current"
-    assert all(j.status is Status.RUNNING for j in rows.values()), "nothing is settled"
+    assert rows[job.id].status is Status.QUEUED and rows[job.id].attempt == 0, "handed back"
+    assert rows[job2.id].status is Status.RUNNING, "a lost run settles nothing"
 
 
 async def test_jobs_of_a_claim_in_flight_when_the_worker_stops_are_handed_back_unstarted(
