@@ -369,12 +369,6 @@ class TenantView:
         await self.app.authorize(self.principal, job.type, job.payload)
         return (await self.app.retry(job_id, submitted_by=self.who)).record
 
-    async def _retry_quietly(self, job_id: str) -> Job | None:
-        try:
-            return await self._retry_one(job_id)
-        except (InvalidState, JobNotFound, Forbidden):
-            return None
-
     # -- queues, schedules, workers, leases: the cluster's, admins steer them ----------------
 
     # A principal that is not an admin sees the counts of its own tenant's jobs only, and
