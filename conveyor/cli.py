@@ -1137,12 +1137,16 @@ def queues() -> None:
 
 @queues.command("list")
 @_jobs_target
-def queues_list(target: Target) -> None:
+@_json_option
+def queues_list(target: Target, as_json: bool) -> None:
     """List queues with their job counts per status and whether each is paused."""
-    from conveyor._console import console, queues_table
+    from conveyor._console import console, print_json, queues_table
 
     found = target.run(lambda jobs: jobs.queues())
-    console.print(queues_table(found))
+    if as_json:
+        print_json({"queues": found})
+    else:
+        console.print(queues_table(found))
 
 
 @queues.command("pause")

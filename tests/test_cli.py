@@ -116,6 +116,12 @@ async def test_read_commands_print_json(app: Conveyor, db_url: str) -> None:
     schedules = await acli("schedules", "list", "--json", "--database-url", db_url)
     assert json.loads(schedules.stdout) == {"schedules": []}
 
+    queues = await acli("queues", "list", "--json", "--database-url", db_url)
+    assert queues.returncode == 0, queues.stderr
+    (queue,) = json.loads(queues.stdout)["queues"]
+    assert queue["name"] == "default" and queue["paused"] is False
+    assert queue["counts"]["queued"] == 2  # the delayed job is queued, not yet due
+
 
 async def test_status_gives_the_verdict_and_counts_of_health_ready(
     app: Conveyor, db_url: str
