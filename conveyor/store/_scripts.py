@@ -37,6 +37,7 @@ from conveyor.core.cron import (
     without_overlap,
 )
 from conveyor.core.flow import FlowCapacity
+from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import (
     Status,
     children_error,
@@ -311,7 +312,7 @@ def token_params(token: Token) -> dict[str, Any]:
 
 def dumps(value: JSON) -> str | None:
     """Write a JSON document as compact text (None stays None)."""
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else compact(value)
 
 
 # -- trees and dependencies --------------------------------------------------------------

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonLoader
 
+from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError
@@ -183,6 +184,51 @@ def _submit_params(
             allow_nan=False,
         ),
     }
+
+
+def _one_params(job: NewJob, now: datetime | None) -> dict[str, Any]:
+    return {
+        "now": now,
+        "id": job.id,
+        "type": job.type,
+        "queue": job.queue,
+        "tenant": job.tenant,
+        "payload": compact(job.payload),
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "run_at": None if job.run_at is None else utc(job.run_at),
+        "delay": float(job.delay),
+        "timeout": job.timeout,
+        "lease_seconds": job.lease,
+        "backoff_base": job.backoff_base,
+        "backoff_cap": job.backoff_cap,
+        "state": None if job.state is None else compact(job.state),
+        "parent_id": job.parent_id,
+        "root_id": job.root_id,
+        "unique_key": job.unique_key,
+        "concurrency_key": job.concurrency_key,
+        "retry_of": job.retry_of,
+        "trace_context": job.trace_context,
+        "retry_count": job.retry_count,
+        "submitted_by": job.submitted_by,
+    }
+
+
+async def submit_one(
+    conn: psycopg.AsyncConnection[Any], job: NewJob, now: datetime | None
+) -> Submitted | None:
+    """Insert one job without dependencies with one statement, in autocommit: the common
+    submit, in one round trip. None: its id or unique key is taken, and nothing was
+    written; :func:`submit_steps` then finds the job that holds it."""
+    if job.depends_on:
+        raise ValueError("submit_one takes a job without dependencies")
+    cursor = await conn.execute(Q["submit_one"], _one_params(job, now))
+    rows = await cursor.fetchall()
+    if not rows:
+        return None
+    (row,) = rows
+    stored = job.stored(Status.QUEUED, utc(row["run_at"]), utc(row["created_at"]))
+    return Submitted(stored, created=True)
 
 
 def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Submitted]]:

@@ -56,6 +56,7 @@ from conveyor.store.postgres._codec import (
     run_steps_sync,
     settle_params,
     settle_plain,
+    submit_one,
     submit_steps,
     utc,
 )
@@ -473,7 +474,12 @@ class PostgresStore(SharedReads):
             if len(jobs) == 1 and not jobs[0].depends_on:
                 # One job is one INSERT, atomic on its own: in autocommit it takes one
                 # round trip instead of three (BEGIN, INSERT, COMMIT). Should its id or
-                # unique key be taken, the look-up that follows writes nothing.
+                # unique key be taken, it writes nothing, and the look-up that follows
+                # (the general steps, whose INSERT is again a no-op) finds the holder.
+                job, now = jobs[0], self._now()
+                one = await self._run(lambda conn: submit_one(conn, job, now))
+                if one is not None:
+                    return [one]
                 return await self._read(lambda: submit_steps(jobs, None))
             if copyable(jobs):
                 try:

@@ -57,6 +57,28 @@ ORDER BY n.position
 ON CONFLICT DO NOTHING
 RETURNING id, status, run_at, created_at;
 
+-- name: submit_one
+-- Insert one job without dependencies (the common submit): one prepared statement, its
+-- values as parameters, no JSON document to build and parse. As `submit` does, an
+-- existing id or an active unique key makes it a no-op, and it returns no row then.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, unique_key,
+    concurrency_key, retry_of, trace_context, retry_count, submitted_by, created_at
+)
+VALUES (
+    %(id)s, %(type)s, %(queue)s, %(tenant)s, %(payload)s::json, 'queued', %(priority)s,
+    %(max_attempts)s,
+    coalesce(%(run_at)s::timestamptz,
+             coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s)),
+    %(timeout)s, %(lease_seconds)s, %(backoff_base)s, %(backoff_cap)s, %(state)s::json,
+    %(parent_id)s, %(root_id)s, %(unique_key)s, %(concurrency_key)s, %(retry_of)s,
+    %(trace_context)s, %(retry_count)s, %(submitted_by)s,
+    coalesce(%(now)s::timestamptz, now())
+)
+ON CONFLICT DO NOTHING
+RETURNING run_at, created_at;
+
 -- name: existing_jobs
 -- The jobs holding the given ids, and the active jobs holding the given unique keys.
 SELECT * FROM conveyor_jobs

@@ -12,11 +12,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress
+from conveyor.store._queries import load_queries
 from conveyor.store._rows import STATUS, job_picker
 from conveyor.store._scripts import Row, Script, check_dependencies, check_same_tenant, dumps
 from conveyor.store.protocol import Submitted
+
+SUBMIT_ONE = load_queries("conveyor.store.sqlite")["submit_one"]
 
 
 def ts(value: float | None) -> datetime | None:
@@ -144,7 +148,7 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
         "type": job.type,
         "queue": job.queue,
         "tenant": job.tenant,
-        "payload": json.dumps(job.payload, separators=(",", ":")),
+        "payload": compact(job.payload),
         "status": (Status.PENDING if job.depends_on else Status.QUEUED).value,
         "priority": job.priority,
         "max_attempts": job.max_attempts,
@@ -165,6 +169,19 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
         "submitted_by": job.submitted_by,
         "now": now,
     }
+
+
+def submit_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:
+    """Insert one job without dependencies, in the caller's transaction; None when its id
+    or an active unique key is taken (nothing is written then)."""
+    if job.depends_on:
+        raise ValueError("submit_one takes a job without dependencies")
+    params = new_job_params(job, now)
+    if not conn.execute(SUBMIT_ONE, params).fetchall():
+        return None
+    run_at = datetime.fromtimestamp(params["run_at"], UTC)
+    created_at = datetime.fromtimestamp(now, UTC)
+    return Submitted(job.stored(Status.QUEUED, run_at, created_at), created=True)
 
 
 def submit_steps(jobs: Sequence[NewJob], now: float | None = None) -> Script[list[Submitted]]:

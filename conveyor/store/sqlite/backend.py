@@ -48,6 +48,7 @@ from conveyor.store.sqlite._codec import (
     epoch,
     job_of_row,
     jobs_of,
+    submit_one,
     submit_steps,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
@@ -250,6 +251,12 @@ class SQLiteStore(SharedReads):
 
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
             now = self._clock()  # one reading, under the write lock, for the whole batch
+            if len(jobs) == 1 and not jobs[0].depends_on:
+                # The common submit: one statement, and the job as written (the store
+                # knows every value); a taken id or unique key takes the general steps.
+                submitted = submit_one(conn, jobs[0], now)
+                if submitted is not None:
+                    return [submitted]
             return self._drive(conn, submit_steps(jobs, now), now)
 
         return await self._write(submit)
