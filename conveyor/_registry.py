@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,6 +188,36 @@ class JobType:
         if not plain_text(data):
             _check_json_text(self.name, data)
         return data
+
+    def validate_many(self, payloads: Sequence[object]) -> list[dict[str, Any]]:
+        """:meth:`validate` for many payloads of this type at once, with the same result.
+
+        One pydantic call checks and dumps the whole list, several times cheaper per
+        payload than one call each. Anything out of the ordinary (a payload that is not
+        a flat plain mapping, one pydantic refuses, data that is not JSON) takes
+        :meth:`validate` one by one, which raises its usual error for the first bad one.
+        """
+        if self._takes_nothing or not all(isinstance(p, Mapping) for p in payloads):
+            return [self.validate(p) for p in payloads]
+        given = [dict(p) for p in payloads]  # type: ignore[call-overload]
+        if not all(map(plain_text, given)):
+            return [self.validate(p) for p in payloads]
+        try:
+            models = self._many.validate_python(given)
+            data: list[dict[str, Any]] = self._many.dump_python(
+                models, mode="json", exclude_unset=True
+            )
+            strict_compact(data)
+        except (pydantic.ValidationError, ValueError, TypeError):
+            return [self.validate(p) for p in payloads]
+        for item in data:
+            if not plain_text(item):
+                _check_json_text(self.name, item)
+        return data
+
+    @functools.cached_property
+    def _many(self) -> pydantic.TypeAdapter[list[Any]]:
+        return pydantic.TypeAdapter(list[self.model])  # type: ignore[name-defined]
 
     def arguments(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Return the keyword arguments to call the handler with, from a stored payload."""

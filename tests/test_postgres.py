@@ -223,6 +223,17 @@ def test_a_copied_batch_writes_every_column_the_submit_insert_writes() -> None:
     assert columns - {"unique_key", "depends_on"} == set(_COPY_COLUMNS)
 
 
+def test_the_one_job_insert_writes_every_column_the_submit_insert_writes() -> None:
+    """One job without dependencies is written by submit_one: a column added to the
+    submit INSERT must be added there too."""
+
+    def columns(name: str) -> set[str]:
+        inserted = _Q[name].split("INSERT INTO conveyor_jobs (", 1)[1].split(")", 1)[0]
+        return {c.strip() for c in inserted.split(",")}
+
+    assert columns("submit") - {"depends_on"} == columns("submit_one")
+
+
 async def test_a_dependent_submitted_while_its_dependency_settles_is_released(
     store: PostgresStore, url: str
 ) -> None:

@@ -112,6 +112,56 @@ async def test_a_large_batch_is_stored_as_submitted_and_taken_ids_are_found(
     assert all(r.created for r in twice[:100]) and not twice[100].created
 
 
+_AWKWARD = "tab\there, line\nbreak, cr\r, back\\slash \\N \\. é\u2603"
+
+
+def _awkward_job(i: int, at: datetime) -> object:
+    """A job with every optional field set, and text that COPY's format must escape."""
+    return new(
+        f"w{i:03}",
+        type=f"type {_AWKWARD}",
+        queue=f"queue {_AWKWARD}",
+        payload={"text": _AWKWARD, "quote": '"\\"', "n": i, "f": 0.1 * i, "l": [None, True]},
+        priority=-i,
+        delay=1.5 if i % 2 else 0.0,
+        run_at=at if i % 3 == 0 else None,
+        max_attempts=7,
+        timeout=2.5,
+        lease=9.0,
+        backoff_base=0.5,
+        backoff_cap=60.0,
+        concurrency_key=f"key {_AWKWARD}",
+        state={"resume": _AWKWARD},
+        trace_context="00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        submitted_by=f"token:{_AWKWARD}",
+    )
+
+
+@pytest.mark.parametrize("size", [1, 120])
+async def test_every_field_is_stored_as_submitted_one_job_or_a_large_batch(
+    store: Store, clock: FakeClock, size: int
+) -> None:
+    """One job and a large batch take their own fast paths (one prepared INSERT; on
+    PostgreSQL, COPY text): each stores every field as given, awkward text included, and
+    returns the job as a read returns it."""
+    at = datetime(2031, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    jobs = [_awkward_job(i, at) for i in range(size)]
+    results = await store.submit(jobs)  # type: ignore[arg-type]
+    assert all(r.created for r in results)
+    for job, r in zip(jobs, results, strict=True):
+        read = await store.get(r.job.id)
+        assert r.job == read
+        assert read is not None and read.status is Status.QUEUED
+        for field in ("type", "queue", "payload", "priority", "max_attempts", "timeout"):
+            assert getattr(read, field) == getattr(job, field), field
+        assert (read.lease, read.backoff_base, read.backoff_cap) == (9.0, 0.5, 60.0)
+        assert (read.concurrency_key, read.state) == (job.concurrency_key, job.state)  # type: ignore[attr-defined]
+        assert read.trace_context == job.trace_context  # type: ignore[attr-defined]
+        assert read.submitted_by == job.submitted_by  # type: ignore[attr-defined]
+        expected_run_at = job.run_at or read.created_at + timedelta(seconds=job.delay)  # type: ignore[attr-defined]
+        assert read.run_at == expected_run_at
+
+
 async def test_claim_order_is_priority_then_run_at_then_id(store: Store, clock: FakeClock) -> None:
     await store.submit([new("c", priority=5)])
     await store.submit([new("b", priority=0)])

@@ -15,7 +15,7 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 try:
-    from json.encoder import c_make_encoder
+    from json.encoder import c_make_encoder  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - CPython always has it
     c_make_encoder = None
 
