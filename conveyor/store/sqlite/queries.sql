@@ -148,6 +148,25 @@ FROM (
 WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
 RETURNING id, attempt, lease_owner, started_at, parent_id, status;
 
+-- name: settle_succeeded
+-- The settle of attempts that plainly succeeded (no error, result reference or progress
+-- to store), the most common batch: what the settle above does for them, with two
+-- fewer JSON fields to pull out per job and no CASE to decide. :batch is a JSON array of
+-- [id, token, result].
+UPDATE conveyor_jobs AS j
+SET status = 'succeeded',
+    result = e.result,
+    error = NULL,
+    finished_at = :now,
+    lease_expires_at = NULL
+FROM (
+    SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+           json_extract(value, '$[2]') AS result
+    FROM json_each(:batch)
+) AS e
+WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
+RETURNING id, attempt, lease_owner, started_at, parent_id, status;
+
 -- name: parents_among
 -- Which of the given jobs have children (those have a row of counts).
 SELECT job_id FROM conveyor_job_counts WHERE job_id IN (SELECT value FROM json_each(:ids));
