@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import pydantic
 
 from conveyor.core.auth import Principal
 from conveyor.core.durations import Duration, seconds
+from conveyor.core.jsontext import plain_text, strict_compact
 from conveyor.core.retry import Backoff
 from conveyor.errors import ConfigurationError, InvalidPayload, UnknownJobType
 
@@ -165,23 +167,57 @@ class JobType:
             )
         if not payload and self._takes_nothing:
             return {}
-        _check_json_text(self.name, payload)
+        given = dict(payload)
+        # plain_text: the common flat payload is checked in a fraction of the full walk.
+        if not plain_text(given):
+            _check_json_text(self.name, given)
         try:
             if strict:
                 as_json = json.dumps(_integral(dict(payload)))
                 self.model.model_validate_json(as_json, strict=True)
-            model = self.model.model_validate(dict(payload))
+            model = self.model.model_validate(given)
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
         try:
             data = model.model_dump(mode="json", exclude_unset=True)
-            json.dumps(data, allow_nan=False)
+            strict_compact(data)
         except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
             raise InvalidPayload(
                 self.name, f"the payload is not JSON-serialisable ({exc}); pass plain data"
             ) from None
-        _check_json_text(self.name, data)
+        if not plain_text(data):
+            _check_json_text(self.name, data)
         return data
+
+    def validate_many(self, payloads: Sequence[object]) -> list[dict[str, Any]]:
+        """:meth:`validate` for many payloads of this type at once, with the same result.
+
+        One pydantic call checks and dumps the whole list, several times cheaper per
+        payload than one call each. Anything out of the ordinary (a payload that is not
+        a flat plain mapping, one pydantic refuses, data that is not JSON) takes
+        :meth:`validate` one by one, which raises its usual error for the first bad one.
+        """
+        if self._takes_nothing or not all(isinstance(p, Mapping) for p in payloads):
+            return [self.validate(p) for p in payloads]
+        given = [dict(p) for p in payloads]  # type: ignore[call-overload]
+        if not all(map(plain_text, given)):
+            return [self.validate(p) for p in payloads]
+        try:
+            models = self._many.validate_python(given)
+            data: list[dict[str, Any]] = self._many.dump_python(
+                models, mode="json", exclude_unset=True
+            )
+            strict_compact(data)
+        except (pydantic.ValidationError, ValueError, TypeError):
+            return [self.validate(p) for p in payloads]
+        for item in data:
+            if not plain_text(item):
+                _check_json_text(self.name, item)
+        return data
+
+    @functools.cached_property
+    def _many(self) -> pydantic.TypeAdapter[list[Any]]:
+        return pydantic.TypeAdapter(list[self.model])  # type: ignore[name-defined]
 
     def arguments(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Return the keyword arguments to call the handler with, from a stored payload."""

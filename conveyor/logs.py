@@ -16,7 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import IO, Any
+from datetime import datetime
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.core.model import Job
 
 # The record attributes a job's lines carry, in the order text lines print them.
 FIELDS = ("job_id", "job_type", "queue", "attempt", "worker")
@@ -232,14 +236,23 @@ class BufferedHandler(logging.StreamHandler):  # type: ignore[type-arg]
             text = "".join(
                 [f"{formatter.line(created, level_name, name, m, f)}\n" for m, f in lines]
             )
-            with self.lock:  # type: ignore[union-attr]
-                self.stream.write(text)
+            self._write_text(text, level)
         except Exception:  # what logging would do with the records: report, carry on
             for message, _ in lines:
                 self.handleError(
                     logging.makeLogRecord({"name": name, "levelno": level, "msg": message})
                 )
-            return
+
+    def job_lines(self, name: str, level: int, worker: str) -> JobLines:
+        """Lines about jobs to write at once, as ``getLogger(name).log(level, ...)`` would.
+
+        For a caller that :func:`direct_handler` sent here: see :class:`JobLines`.
+        """
+        return JobLines(self, name, level, worker)
+
+    def _write_text(self, text: str, level: int) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self.stream.write(text)
         if level >= logging.WARNING:
             self._flush_now()
         else:
@@ -275,6 +288,87 @@ class _RichFields(logging.Formatter):
         tb = record.__dict__.get("traceback")
         line = f"{message} {fields}" if fields else message
         return f"{line}\n{tb.rstrip()}" if tb else line
+
+
+class JobLines:
+    """A batch of one worker's lines about jobs, one logger and level, written at once.
+
+    What a worker logs per attempt outcome, made as cheaply as it can be: no record, no
+    dict of fields, one time for the whole batch; in text, each line is one format
+    string from the job's fields. The lines are exactly those that
+    ``logger.log(level, message, extra=fields)`` would write through the handler (the
+    job's fields, ``outcome``, ``duration`` and ``retry_at``, which JSON lines carry).
+    """
+
+    __slots__ = (
+        "_created",
+        "_handler",
+        "_head",
+        "_level",
+        "_name",
+        "_parts",
+        "_tail",
+        "_text",
+        "_worker",
+    )
+
+    def __init__(self, handler: BufferedHandler, name: str, level: int, worker: str) -> None:
+        formatter = handler.formatter
+        if type(formatter) not in (TextFormatter, JsonFormatter):
+            raise TypeError(f"no direct lines with {formatter!r}")
+        self._handler, self._name, self._level, self._worker = handler, name, level, worker
+        self._created = time.time()
+        self._text = type(formatter) is TextFormatter
+        # A text line is head, message, the job's fields, tail: all but the middle are
+        # the same for every line of the batch.
+        self._head = f"{_utc(self._created)} {logging.getLevelName(level)} {name}: "
+        self._tail = f" worker={worker}\n"
+        self._parts: list[str] = []
+
+    def add(
+        self,
+        message: str,
+        job: Job,
+        outcome: str | None = None,
+        duration: float | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        """Add the line of ``message`` about ``job`` (its attempt's outcome, run time...)."""
+        if self._text:
+            # TextFormatter.line's, for a job's line with every field set.
+            self._parts.append(
+                f"{self._head}{message} job_id={job.id} job_type={job.type} "
+                f"queue={job.queue} attempt={job.attempt}{self._tail}"
+            )
+            return
+        fields: dict[str, Any] = {
+            "job_id": job.id,
+            "job_type": job.type,
+            "queue": job.queue,
+            "attempt": job.attempt,
+            "worker": self._worker,
+            "outcome": outcome,
+            "duration": None if duration is None else round(duration, 6),
+            "retry_at": None if retry_at is None else retry_at.isoformat(),
+        }
+        level = logging.getLevelName(self._level)
+        line = JsonFormatter.line(self._created, level, self._name, message, fields)
+        self._parts.append(f"{line}\n")
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def write(self) -> None:
+        """Write the lines added since the last write (in one call to the stream)."""
+        if not self._parts:
+            return
+        text, self._parts = "".join(self._parts), []
+        try:
+            self._handler._write_text(text, self._level)
+        except Exception:  # what logging would do with the records: report, carry on
+            self._handler.handleError(
+                logging.makeLogRecord({"name": self._name, "levelno": self._level, "msg": text})
+            )
 
 
 def direct_handler(logger: logging.Logger, level: int) -> BufferedHandler | None:
@@ -332,6 +426,7 @@ def job_fields(job_id: str, job_type: str, queue: str, attempt: int, worker: str
 __all__ = [
     "FIELDS",
     "BufferedHandler",
+    "JobLines",
     "JobLogger",
     "JsonFormatter",
     "TextFormatter",

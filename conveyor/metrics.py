@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,16 +51,36 @@ _COUNTERS = (
 class Buckets:
     """A histogram's counts, kept as plain numbers (see :class:`TypeMetrics`)."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("_delta_bounds", "_delta_sum", "_sum", "bounds", "counts")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
+        self.bounds = tuple(float(bound) for bound in bounds)  # float to float: faster
         self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound
-        self.sum = 0.0
+        self._sum = 0.0
+        # The same bounds as timedeltas, for observe_delta.
+        self._delta_bounds = tuple(timedelta(seconds=bound) for bound in bounds)
+        self._delta_sum = _NO_TIME
+
+    @property
+    def sum(self) -> float:
+        """The sum of the values observed."""
+        return self._sum + self._delta_sum.total_seconds()
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+        self._sum += value
+
+    def observe_delta(self, value: timedelta) -> None:
+        """Observe ``value`` in seconds, or 0 when negative (clock skew).
+
+        For a difference of two datetimes (a job's wait): kept as a timedelta, not
+        turned into seconds each time, which would cost more than the rest.
+        """
+        if value > _NO_TIME:
+            self.counts[bisect_left(self._delta_bounds, value)] += 1
+            self._delta_sum += value
+        else:
+            self.counts[0] += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, total = [], 0
@@ -67,6 +88,9 @@ class Buckets:
             total += count
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(total)))
         return out
+
+
+_NO_TIME = timedelta(0)
 
 
 class _Submitted:

@@ -71,7 +71,7 @@ from conveyor.core.model import (
 from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.hooks import AttemptEnded, AttemptStarted
-from conveyor.logs import direct_handler, job_fields
+from conveyor.logs import JobLines, direct_handler, job_fields
 from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer, every, on_the_clock
 from conveyor.metrics import Metrics, TypeMetrics
 from conveyor.store import Beat, Lease, Limits, Retention, Store, WorkerInfo
@@ -600,7 +600,7 @@ class Worker:
             m.started += 1
             m.running += 1
             if job.started_at is not None:
-                m.wait_seconds.observe(max(0.0, (job.started_at - job.run_at).total_seconds()))
+                m.wait_seconds.observe_delta(job.started_at - job.run_at)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "job started (attempt %d/%d)",
@@ -881,23 +881,21 @@ class Worker:
                 continue
             # Outcome lines straight to conveyor's handler when that is the same as logging
             # them (asked once a batch), written together: see logs.direct_handler.
-            direct = direct_handler(log, logging.INFO)
-            lines: list[tuple[str, dict[str, Any]]] | None = None if direct is None else []
+            direct = direct_handler(log, logging.INFO) if log.isEnabledFor(logging.INFO) else None
+            lines = None if direct is None else direct.job_lines(log.name, logging.INFO, self.id)
             for run, settlement in batch:
                 if run.job.id in refused:
                     self._lost(run, "lease lost before its result was recorded")
                 else:
                     self._recorded(run, settlement, lines)
-            if direct is not None and lines:
-                direct.write_lines(log.name, logging.INFO, lines)
+            if lines is not None:
+                lines.write()
             self.leases.release(run for run, _ in batch)
             self._wakeup.set()  # slots held by the batch are free for the producer
             if self._phase >= _Phase.STOPPING:
                 self._settle_ready.set()
 
-    def _recorded(
-        self, run: _Run, s: Settlement, lines: list[tuple[str, dict[str, Any]]] | None
-    ) -> None:
+    def _recorded(self, run: _Run, s: Settlement, lines: JobLines | None) -> None:
         """Count, log and announce an attempt's outcome once the database has it.
 
         ``lines``: where INFO lines go to be written directly (None: to ``log``).
@@ -917,7 +915,9 @@ class Worker:
             elif retry_at is not None:
                 m.retried += 1
         level = logging.ERROR if status is Status.FAILED else logging.INFO
-        if log.isEnabledFor(level):
+        if lines is not None and level == logging.INFO:
+            lines.add(_outcome_line(run, s, retry_at), run.job, s.outcome, run.elapsed, retry_at)
+        elif log.isEnabledFor(level):
             fields = run.fields(self.id)
             fields["outcome"] = s.outcome  # a StrEnum: the text it prints is its value
             fields["duration"] = round(run.elapsed, 6)
@@ -926,10 +926,7 @@ class Worker:
             if status is Status.FAILED:
                 fields["error"] = s.error
                 fields["traceback"] = s.traceback
-            if lines is not None and level == logging.INFO:
-                lines.append((_outcome_line(run, s, retry_at), fields))
-            else:
-                log.log(level, _outcome_line(run, s, retry_at), extra=fields)
+            log.log(level, _outcome_line(run, s, retry_at), extra=fields)
         hooks = self._hooks
         if hooks.attempt_end or hooks.final_failure:
             hooks.ended(
@@ -1011,10 +1008,11 @@ class Worker:
 
 def _outcome_line(run: _Run, s: Settlement, retry_at: datetime | None) -> str:
     """The log message of a recorded attempt (the job's fields go with it, not in it)."""
-    job, status, took = run.job, s.status, f"{run.elapsed:.3f}s"
+    status = s.status
+    if status is Status.SUCCEEDED:  # first: nearly every line
+        return f"job succeeded in {run.elapsed:.3f}s"
+    job, took = run.job, f"{run.elapsed:.3f}s"
     what = "timed out" if s.outcome is Outcome.TIMED_OUT else "failed"
-    if status is Status.SUCCEEDED:
-        return f"job succeeded in {took}"
     if status is Status.QUEUED and retry_at is not None:
         return (
             f"job {what} (attempt {job.attempt}/{job.max_attempts}) after {took}: {s.error}; "

@@ -232,6 +232,42 @@ def test_a_line_written_directly_is_the_line_logging_writes(log_format: str) -> 
 
 
 @pytest.mark.usefixtures("root_logger")
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_job_line_written_directly_is_the_line_logging_writes(log_format: str) -> None:
+    from datetime import UTC, datetime
+
+    from conveyor.core.model import Job, Outcome
+
+    stream = io.StringIO()
+    configure("INFO", log_format, stream=stream)
+    logger = logging.getLogger("conveyor.worker")
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    job = Job(
+        id="01JD", type="t", queue="q", payload={}, status=Status.RUNNING, priority=0,
+        attempt=2, max_attempts=3, run_at=now, created_at=now,
+    )  # fmt: skip
+    fields = {"job_id": "01JD", "job_type": "t", "queue": "q", "attempt": 2, "worker": "w"}
+    retry = {"outcome": Outcome.FAILED, "duration": 0.1235, "retry_at": now.isoformat()}
+    succeeded = {"outcome": Outcome.SUCCEEDED, "duration": 0.25}
+    logger.info("job succeeded in 0.250s", extra={**fields, **succeeded})
+    logger.info("job failed; retry", extra={**fields, **retry})
+    direct = direct_handler(logger, logging.INFO)
+    assert direct is not None
+    lines = direct.job_lines(logger.name, logging.INFO, "w")
+    lines.add("job succeeded in 0.250s", job, Outcome.SUCCEEDED, 0.25)
+    lines.add("job failed; retry", job, Outcome.FAILED, 0.12350004, now)
+    assert len(lines) == 2
+    lines.write()
+    lines.write()  # nothing more: written once
+    logged, logged_retry, written, written_retry = stream.getvalue().splitlines()
+    assert _without_time(logged) == _without_time(written)
+    assert _without_time(logged_retry) == _without_time(written_retry)
+    assert written.endswith("job_id=01JD job_type=t queue=q attempt=2 worker=w") or (
+        json.loads(written_retry)["retry_at"] == now.isoformat()
+    )
+
+
+@pytest.mark.usefixtures("root_logger")
 def test_lines_go_through_logging_when_anything_else_would_see_them() -> None:
     configure("INFO", "text", stream=io.StringIO())
     logger = logging.getLogger("conveyor.worker")

@@ -122,3 +122,19 @@ async def test_the_server_adds_counters_and_per_queue_lag_once_per_scrape(app: C
 async def _drained(app: Conveyor) -> bool:
     page = await app.page_jobs(limit=100)
     return all(j.status is Status.SUCCEEDED for j in page.jobs)
+
+
+def test_a_wait_observed_as_a_timedelta_counts_as_its_seconds() -> None:
+    from datetime import timedelta
+
+    from conveyor.metrics import Buckets
+
+    bounds = (0.005, 0.025, 1, 60)
+    as_delta, as_seconds = Buckets(bounds), Buckets(bounds)
+    # On a bound, between bounds, past the last, zero, and negative (clock skew: 0).
+    for seconds in (0.005, 0.0051, 0.3, 1.0, 61.5, 0.0, -2.0):
+        as_delta.observe_delta(timedelta(seconds=seconds))
+        as_seconds.observe(max(0.0, seconds))
+    assert as_delta.counts == as_seconds.counts == [3, 1, 2, 0, 1]
+    assert as_delta.sum == as_seconds.sum == 0.005 + 0.0051 + 0.3 + 1.0 + 61.5
+    assert as_delta.cumulative() == as_seconds.cumulative()

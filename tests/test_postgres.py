@@ -30,8 +30,9 @@ from conveyor import (
     Submission,
 )
 from conveyor.core.model import Settlement
-from conveyor.store import create_store
+from conveyor.store import Lease, create_store
 from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres._leaves import settle_with_leaves
 from conveyor.store.postgres.backend import _MIGRATIONS, _Q
 from tests.helpers import eventually, new, running_worker, settled
 
@@ -221,6 +222,17 @@ def test_a_copied_batch_writes_every_column_the_submit_insert_writes() -> None:
     inserted = _Q["submit"].split("INSERT INTO conveyor_jobs (", 1)[1].split(")", 1)[0]
     columns = {c.strip() for c in inserted.split(",")}
     assert columns - {"unique_key", "depends_on"} == set(_COPY_COLUMNS)
+
+
+def test_the_one_job_insert_writes_every_column_the_submit_insert_writes() -> None:
+    """One job without dependencies is written by submit_one: a column added to the
+    submit INSERT must be added there too."""
+
+    def columns(name: str) -> set[str]:
+        inserted = _Q[name].split("INSERT INTO conveyor_jobs (", 1)[1].split(")", 1)[0]
+        return {c.strip() for c in inserted.split(",")}
+
+    assert columns("submit") - {"depends_on"} == columns("submit_one")
 
 
 async def test_a_dependent_submitted_while_its_dependency_settles_is_released(
@@ -549,3 +561,29 @@ def test_a_script_using_app_sync_exits_without_destroyed_tasks(url: str, tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "queued"
     assert "Task was destroyed" not in done.stderr, done.stderr
+
+
+async def test_a_parent_left_waiting_by_a_settle_that_died_before_deciding_is_ended(
+    store: PostgresStore, url: str
+) -> None:
+    """The leaves' settle commits before their parent is decided (postgres/_leaves.py):
+    a worker that dies in between leaves the parent waiting with nothing unfinished below
+    it, for the maintenance sweep to end, callbacks and all."""
+    await store.submit([new("parent")])
+    (parent,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+    callbacks = {"complete": new("cb")}
+    assert await store.spawn(Lease("parent", parent.lease_token), [new("c")], callbacks)
+    returned = Settlement("parent", parent.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+    await store.settle([returned])
+    (child,) = await store.claim(worker_id="w", queues=["default"], limit=1, lease=30)
+    ended = Settlement("c", child.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+    with psycopg.connect(url, autocommit=True) as conn:  # the settle, without what follows
+        ran = settle_with_leaves(conn, [ended], None)
+    assert (ran.refused, ran.rest, ran.done) == ([], [], ["parent"])
+    waiting = await store.get("parent")
+    assert waiting is not None and waiting.status is Status.WAITING
+    assert waiting.below is not None and waiting.below.succeeded == 1
+    assert await store.finish_parents(limit=10) == ["parent"]
+    done = await store.get("parent")
+    assert done is not None and done.status is Status.SUCCEEDED
+    assert await store.get("parent.on_complete") is not None

@@ -112,6 +112,56 @@ async def test_a_large_batch_is_stored_as_submitted_and_taken_ids_are_found(
     assert all(r.created for r in twice[:100]) and not twice[100].created
 
 
+_AWKWARD = "tab\there, line\nbreak, cr\r, back\\slash \\N \\. é\u2603"
+
+
+def _awkward_job(i: int, at: datetime) -> object:
+    """A job with every optional field set, and text that COPY's format must escape."""
+    return new(
+        f"w{i:03}",
+        type=f"type {_AWKWARD}",
+        queue=f"queue {_AWKWARD}",
+        payload={"text": _AWKWARD, "quote": '"\\"', "n": i, "f": 0.1 * i, "l": [None, True]},
+        priority=-i,
+        delay=1.5 if i % 2 else 0.0,
+        run_at=at if i % 3 == 0 else None,
+        max_attempts=7,
+        timeout=2.5,
+        lease=9.0,
+        backoff_base=0.5,
+        backoff_cap=60.0,
+        concurrency_key=f"key {_AWKWARD}",
+        state={"resume": _AWKWARD},
+        trace_context="00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        submitted_by=f"token:{_AWKWARD}",
+    )
+
+
+@pytest.mark.parametrize("size", [1, 120])
+async def test_every_field_is_stored_as_submitted_one_job_or_a_large_batch(
+    store: Store, clock: FakeClock, size: int
+) -> None:
+    """One job and a large batch take their own fast paths (one prepared INSERT; on
+    PostgreSQL, COPY text): each stores every field as given, awkward text included, and
+    returns the job as a read returns it."""
+    at = datetime(2031, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    jobs = [_awkward_job(i, at) for i in range(size)]
+    results = await store.submit(jobs)  # type: ignore[arg-type]
+    assert all(r.created for r in results)
+    for job, r in zip(jobs, results, strict=True):
+        read = await store.get(r.job.id)
+        assert r.job == read
+        assert read is not None and read.status is Status.QUEUED
+        for field in ("type", "queue", "payload", "priority", "max_attempts", "timeout"):
+            assert getattr(read, field) == getattr(job, field), field
+        assert (read.lease, read.backoff_base, read.backoff_cap) == (9.0, 0.5, 60.0)
+        assert (read.concurrency_key, read.state) == (job.concurrency_key, job.state)  # type: ignore[attr-defined]
+        assert read.trace_context == job.trace_context  # type: ignore[attr-defined]
+        assert read.submitted_by == job.submitted_by  # type: ignore[attr-defined]
+        expected_run_at = job.run_at or read.created_at + timedelta(seconds=job.delay)  # type: ignore[attr-defined]
+        assert read.run_at == expected_run_at
+
+
 async def test_claim_order_is_priority_then_run_at_then_id(store: Store, clock: FakeClock) -> None:
     await store.submit([new("c", priority=5)])
     await store.submit([new("b", priority=0)])
@@ -400,11 +450,99 @@ async def test_spawn_is_fenced_and_a_parent_waits_for_its_children(store: Store)
     await store.settle(
         [Settlement(c.id, c.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED) for c in children]
     )
-    # Settling the last child ended the parent in the same transaction; the safety net
-    # finds nothing left to do.
+    # Settling the last child ended the parent (in the same settle); the safety net finds
+    # nothing left to do.
     assert await store.finish_parents(limit=10) == []
     finished = await store.get("parent")
     assert finished is not None and finished.status is Status.SUCCEEDED
+
+
+async def test_a_childs_settle_is_fenced_by_its_token_and_counted_by_its_parent(
+    store: Store,
+) -> None:
+    await store.submit([new("parent")])
+    (parent,) = await claim(store)
+    await store.spawn(Lease("parent", parent.lease_token), [new(f"c{i}") for i in range(4)])
+    await store.settle(
+        [Settlement("parent", parent.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)]
+    )
+    c = {job.id: job for job in await claim(store)}
+
+    def ok(job_id: str) -> Settlement:
+        return Settlement(job_id, c[job_id].lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+
+    def stale(job_id: str) -> Settlement:
+        return Settlement(job_id, c[job_id].lease_token - 1, Status.SUCCEEDED, Outcome.SUCCEEDED)
+
+    async def succeeded_below() -> int:
+        job = await store.get("parent")
+        assert job is not None and job.below is not None and job.below.total == 4
+        return job.below.succeeded
+
+    # The first batch meets a tree; on PostgreSQL the later ones settle its children with
+    # the plain jobs, in one round trip (postgres/_leaves.py): each path is fenced.
+    await store.submit([new("plain")])
+    (plain,) = await claim(store)
+    mixed = [
+        ok("c0"),
+        stale("c1"),
+        Settlement("plain", plain.lease_token + 1, Status.SUCCEEDED, Outcome.SUCCEEDED),
+    ]
+    assert sorted(await store.settle(mixed)) == ["c1", "plain"]
+    assert await succeeded_below() == 1
+    assert await store.settle([stale("c1"), stale("c2"), ok("c0")]) == ["c1", "c2", "c0"]
+    assert await succeeded_below() == 1
+    assert await store.settle([ok("c1"), stale("c2")]) == ["c2"]
+    assert await succeeded_below() == 2
+    for job_id in ("c0", "c1", "c2"):
+        found = await store.get(job_id)
+        assert found is not None
+        assert found.status is (Status.RUNNING if job_id == "c2" else Status.SUCCEEDED)
+    assert await store.settle([ok("c2"), ok("c3")]) == []
+    assert await succeeded_below() == 4
+    done = await store.get("parent")
+    assert done is not None and done.status is Status.SUCCEEDED
+    assert [a.outcome for a in await store.attempts("c1")] == [Outcome.SUCCEEDED]
+
+
+async def test_a_parent_ends_once_when_its_last_two_children_settle_at_once(
+    store: Store, db_url: str, clock: FakeClock | None
+) -> None:
+    other = create_store(db_url, clock=clock)
+    await other.open()
+    try:
+        for round_ in range(6):
+            parent_id = f"p{round_}"
+            await store.submit([new(parent_id)])
+            (parent,) = await claim(store)
+            children = [new(f"{parent_id}.{i}") for i in range(2)]
+            callbacks = {"complete": new("cb", type="t")}
+            assert await store.spawn(Lease(parent_id, parent.lease_token), children, callbacks)
+            returned = Settlement(
+                parent_id, parent.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED
+            )
+            await store.settle([returned])
+            a, b = sorted(await claim(store), key=lambda j: j.id)
+            # Two stores, two connections: the two settles run at the same time.
+            await asyncio.gather(
+                store.settle(
+                    [Settlement(a.id, a.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)]
+                ),
+                other.settle([Settlement(b.id, b.lease_token, Status.FAILED, Outcome.FAILED)]),
+            )
+            ended = await store.get(parent_id)
+            assert ended is not None and ended.status is Status.FAILED, round_
+            assert ended.below is not None and (ended.below.succeeded, ended.below.failed) == (1, 1)
+            fired = await store.get(f"{parent_id}.on_complete")
+            assert fired is not None and fired.payload["batch"]["failed"] == 1
+            assert await store.get(f"{parent_id}.on_complete.2") is None, "fired once"
+            (callback,) = await claim(store)  # out of the way of the next round's claims
+            await store.settle(
+                [Settlement(callback.id, callback.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)]
+            )
+            assert await store.finish_parents(limit=10) == []
+    finally:
+        await other.close()
 
 
 async def test_retry_makes_a_new_job_and_leaves_the_old_one_as_it_was(store: Store) -> None:

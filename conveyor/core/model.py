@@ -43,9 +43,14 @@ class Progress:
         return max(0.0, min(1.0, self.done / self.total))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewJob:
-    """A job as submitted: everything the store needs to insert it."""
+    """A job as submitted: everything the store needs to insert it; treat it as read-only.
+
+    Not frozen: a frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field)
+    cost three times as much, once per submitted job. Derive a changed copy with
+    ``dataclasses.replace``.
+    """
 
     id: str
     type: str

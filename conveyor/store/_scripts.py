@@ -37,6 +37,7 @@ from conveyor.core.cron import (
     without_overlap,
 )
 from conveyor.core.flow import FlowCapacity
+from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import (
     Status,
     children_error,
@@ -311,7 +312,7 @@ def token_params(token: Token) -> dict[str, Any]:
 
 def dumps(value: JSON) -> str | None:
     """Write a JSON document as compact text (None stays None)."""
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else compact(value)
 
 
 # -- trees and dependencies --------------------------------------------------------------
@@ -511,9 +512,16 @@ def _carry_to_dependents(
 
 def finish_parents(dialect: Dialect, limit: int) -> Script[list[str]]:
     """End waiting parents whose children have all ended; return their ids."""
+    parents = yield "waiting_parents", {"limit": limit}
+    return (yield from finish_listed(dialect, [parent["id"] for parent in parents]))
+
+
+def finish_listed(dialect: Dialect, parent_ids: Sequence[str]) -> Script[list[str]]:
+    """End those of these parents that wait with nothing unfinished below them (each
+    decided from its locked counts), and carry their ends on; return the ids ended."""
     done = []
-    for parent in (yield "waiting_parents", {"limit": limit}):
-        finished = yield from finish_parent(dialect, parent["id"])
+    for parent_id in parent_ids:
+        finished = yield from finish_parent(dialect, parent_id)
         if finished is not None:
             done.append(finished[0])
             moves = moves_of([(finished[1], Status.WAITING, finished[2])])

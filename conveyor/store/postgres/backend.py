@@ -56,6 +56,7 @@ from conveyor.store.postgres._codec import (
     run_steps_sync,
     settle_params,
     settle_plain,
+    submit_one,
     submit_steps,
     utc,
 )
@@ -74,6 +75,7 @@ from conveyor.store.postgres._connection import (
     redact,
 )
 from conveyor.store.postgres._errors import translated
+from conveyor.store.postgres._leaves import LeafSettle, TreeSettles, settle_with_leaves
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
     AuditEntry,
@@ -163,6 +165,7 @@ class PostgresStore(SharedReads):
         self._clock = clock
         self._auto_migrate = migrate
         self._tenant_mix = TenantMix()
+        self._trees = TreeSettles()
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -473,7 +476,12 @@ class PostgresStore(SharedReads):
             if len(jobs) == 1 and not jobs[0].depends_on:
                 # One job is one INSERT, atomic on its own: in autocommit it takes one
                 # round trip instead of three (BEGIN, INSERT, COMMIT). Should its id or
-                # unique key be taken, the look-up that follows writes nothing.
+                # unique key be taken, it writes nothing, and the look-up that follows
+                # (the general steps, whose INSERT is again a no-op) finds the holder.
+                job, now = jobs[0], self._now()
+                one = await self._run(lambda conn: submit_one(conn, job, now))
+                if one is not None:
+                    return [one]
                 return await self._read(lambda: submit_steps(jobs, None))
             if copyable(jobs):
                 try:
@@ -624,12 +632,30 @@ class PostgresStore(SharedReads):
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
         if not settlements:
             return []
-        refused, rest = await self._transaction(
-            lambda conn: settle_plain(conn, settlements, self._now()), atomic=False
-        )
-        if rest:
-            refused += await self._transaction(lambda conn: self._settle(conn, rest))
-        return refused
+        now, trees = self._now(), self._trees
+        # A store that meets trees settles their leaves with the plain jobs, in one round
+        # trip (postgres/_leaves.py); others first try the plain settle alone.
+        if trees.recent():
+            ran = await self._transaction(
+                lambda conn: settle_with_leaves(conn, settlements, now), atomic=False
+            )
+        else:
+            refused, rest = await self._transaction(
+                lambda conn: settle_plain(conn, settlements, now), atomic=False
+            )
+            ran = LeafSettle(refused, rest)
+            if rest:
+                ran = await self._transaction(
+                    lambda conn: settle_with_leaves(conn, rest, now), atomic=False
+                )
+                ran.refused += refused
+        if ran.tree:
+            trees.saw()
+        if ran.rest:
+            ran.refused += await self._transaction(lambda conn: self._settle(conn, ran.rest))
+        if ran.done:
+            await self._script(lambda: scripts.finish_listed(DIALECT, ran.done))
+        return ran.refused
 
     def _settle(self, conn: SyncConnection, settlements: Sequence[Settlement]) -> list[str]:
         """Settle in the caller's transaction; a job's end reaches its parent and dependents.

@@ -57,6 +57,28 @@ ORDER BY n.position
 ON CONFLICT DO NOTHING
 RETURNING id, status, run_at, created_at;
 
+-- name: submit_one
+-- Insert one job without dependencies (the common submit): one prepared statement, its
+-- values as parameters, no JSON document to build and parse. As `submit` does, an
+-- existing id or an active unique key makes it a no-op, and it returns no row then.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, unique_key,
+    concurrency_key, retry_of, trace_context, retry_count, submitted_by, created_at
+)
+VALUES (
+    %(id)s, %(type)s, %(queue)s, %(tenant)s, %(payload)s::json, 'queued', %(priority)s,
+    %(max_attempts)s,
+    coalesce(%(run_at)s::timestamptz,
+             coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s)),
+    %(timeout)s, %(lease_seconds)s, %(backoff_base)s, %(backoff_cap)s, %(state)s::json,
+    %(parent_id)s, %(root_id)s, %(unique_key)s, %(concurrency_key)s, %(retry_of)s,
+    %(trace_context)s, %(retry_count)s, %(submitted_by)s,
+    coalesce(%(now)s::timestamptz, now())
+)
+ON CONFLICT DO NOTHING
+RETURNING run_at, created_at;
+
 -- name: existing_jobs
 -- The jobs holding the given ids, and the active jobs holding the given unique keys.
 SELECT * FROM conveyor_jobs
@@ -548,6 +570,127 @@ ON CONFLICT (job_id) DO UPDATE SET
     waiting = c.waiting + excluded.waiting, succeeded = c.succeeded + excluded.succeeded,
     failed = c.failed + excluded.failed, cancelled = c.cancelled + excluded.cancelled
 RETURNING c.*;
+
+-- name: settle_leaves
+-- settle_plain's settle with the leaf children of trees added, in one statement, for the
+-- settles of a store that meets trees (postgres/_leaves.py): run in the transaction of
+-- lock_settling, it settles the jobs of the batch that have no parent, or a parent but
+-- no jobs below them, and carries the ends of those with a parent to the counts of every
+-- ancestor. Left for settle's transaction (kind 'kept'): a job whose cancel was asked
+-- for, an ended job that pending jobs depend on, a job with jobs below it that has a
+-- parent or reported success. Returns kind 'settled' with each job settled ('leaf' if it
+-- has a parent; the ids returned with neither kind nor 'kept' were refused), and kind
+-- 'done' with each ancestor whose counts
+-- now show nothing unfinished below it: that parent may now be decided, which the store
+-- does in a transaction of its own, from its locked row of counts (finish_waiting only
+-- ends a parent still waiting, so it ends once). Rows of counts are written deepest
+-- first, then by id, as count_moves writes them.
+WITH RECURSIVE ended AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(outcomes)s::text[],
+        %(results)s::text[], %(result_refs)s::text[], %(errors)s::text[],
+        %(tracebacks)s::text[], %(retry_delays)s::float8[], %(done)s::float8[],
+        %(total)s::float8[], %(message)s::text[]
+    ) AS e (
+        id, token, status, outcome, result, result_ref, error, traceback, retry_delay,
+        done, total, message
+    )
+),
+-- By primary key alone (see the top of this file), locked already by lock_settling.
+found AS MATERIALIZED (
+    SELECT j.id, j.lease_token, j.status, j.parent_id, j.cancel_requested
+    FROM conveyor_jobs j WHERE j.id = ANY(%(ids)s::text[])
+),
+held AS MATERIALIZED (
+    SELECT e.*,
+           (NOT j.cancel_requested
+            -- A job with jobs below it has a row of counts (see settle).
+            AND NOT ((j.parent_id IS NOT NULL OR e.status = 'succeeded')
+                     AND EXISTS (SELECT 1 FROM conveyor_job_counts c WHERE c.job_id = j.id))
+            AND NOT (e.status IN ('succeeded', 'failed', 'cancelled')
+                     AND EXISTS (SELECT 1 FROM conveyor_dependencies d
+                                 JOIN conveyor_jobs p ON p.id = d.job_id
+                                 WHERE d.depends_on_id = j.id AND p.status = 'pending'))
+           ) AS settles
+    FROM ended e JOIN found j ON j.id = e.id
+    WHERE j.lease_token = e.token AND j.status = 'running'
+),
+settled AS (
+    UPDATE conveyor_jobs j
+    SET status = e.status,
+        result = e.result::json,
+        result_ref = coalesce(e.result_ref, j.result_ref),
+        error = CASE WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error) ELSE e.error END,
+        run_at = CASE
+            WHEN e.status = 'queued' THEN coalesce(%(now)s::timestamptz, now())
+                                          + make_interval(secs => e.retry_delay)
+            ELSE j.run_at END,
+        finished_at = CASE
+            WHEN e.status IN ('succeeded', 'failed', 'cancelled')
+            THEN coalesce(%(now)s::timestamptz, now()) END,
+        attempt = CASE WHEN e.outcome IS NULL THEN j.attempt - 1 ELSE j.attempt END,
+        progress_done = CASE
+            WHEN e.done IS NULL THEN j.progress_done
+            WHEN j.progress_total IS NOT DISTINCT FROM e.total AND j.progress_done > e.done
+            THEN j.progress_done
+            ELSE e.done END,
+        progress_total = CASE WHEN e.done IS NULL THEN j.progress_total ELSE e.total END,
+        progress_message = CASE WHEN e.done IS NULL THEN j.progress_message ELSE e.message END,
+        lease_expires_at = NULL
+    FROM held e
+    WHERE j.id = e.id AND e.settles
+    RETURNING j.id, j.parent_id, j.status, j.attempt, j.lease_owner, j.started_at,
+              e.outcome, e.error, e.traceback
+),
+recorded AS (
+    INSERT INTO conveyor_attempts (
+        job_id, number, worker_id, started_at, finished_at, outcome, error, traceback
+    )
+    SELECT id, attempt, lease_owner, started_at, coalesce(%(now)s::timestamptz, now()),
+           outcome, error, traceback
+    FROM settled
+    WHERE outcome IS NOT NULL
+    ON CONFLICT (job_id, number) DO UPDATE
+    SET worker_id = excluded.worker_id, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, outcome = excluded.outcome,
+        error = excluded.error, traceback = excluded.traceback
+),
+-- Each job left the active counter (queued and running share it: a retry moves none).
+moved AS (
+    SELECT parent_id AS parent, status AS dst, count(*)::integer AS n FROM settled
+    WHERE parent_id IS NOT NULL AND status IN ('succeeded', 'failed', 'cancelled')
+    GROUP BY parent_id, status
+),
+up (start, ancestor, level, dst, n) AS (
+    SELECT parent, parent, 0, dst, n FROM moved
+    UNION ALL
+    SELECT up.start, j.parent_id, up.level + 1, up.dst, up.n
+    FROM up JOIN conveyor_jobs j ON j.id = up.ancestor
+    WHERE j.parent_id IS NOT NULL AND j.retried_by IS NULL
+),
+delta AS (
+    SELECT ancestor, max(depth) AS depth, -sum(n) AS active,
+           sum(CASE WHEN dst = 'succeeded' THEN n ELSE 0 END) AS succeeded,
+           sum(CASE WHEN dst = 'failed' THEN n ELSE 0 END) AS failed,
+           sum(CASE WHEN dst = 'cancelled' THEN n ELSE 0 END) AS cancelled
+    FROM (SELECT ancestor, dst, n, max(level) OVER (PARTITION BY start) - level AS depth
+          FROM up) AS placed
+    GROUP BY ancestor
+),
+counted AS (
+    INSERT INTO conveyor_job_counts AS c (job_id, active, succeeded, failed, cancelled)
+    SELECT ancestor, active, succeeded, failed, cancelled FROM delta
+    ORDER BY depth DESC, ancestor
+    ON CONFLICT (job_id) DO UPDATE SET
+        active = c.active + excluded.active, succeeded = c.succeeded + excluded.succeeded,
+        failed = c.failed + excluded.failed, cancelled = c.cancelled + excluded.cancelled
+    RETURNING c.job_id, c.pending + c.active + c.waiting AS unfinished
+)
+SELECT CASE WHEN parent_id IS NULL THEN 'settled' ELSE 'leaf' END AS kind, id FROM settled
+UNION ALL
+SELECT 'kept', id FROM held WHERE NOT settles
+UNION ALL
+SELECT 'done', job_id FROM counted WHERE unfinished = 0;
 
 -- name: lock_job
 -- One job, locked to change it.

@@ -1,4 +1,18 @@
-"""Wake-ups for SQLite: a thread that notices other connections' commits."""
+"""Wake-ups for SQLite: noticing other connections' commits.
+
+``PRAGMA data_version`` on a connection changes when any *other* connection commits. The
+store's own connection therefore tells, right after each of its write transactions, whether
+someone else committed since it last looked (:meth:`Watch.check`, on the store's thread, at
+the cost of one pragma). A thread (:func:`start_watcher`) covers the time the store does
+not write: it polls a connection of its own every 2 ms, where a change is either another
+connection's commit or the store's own.
+
+While the store writes (a draining worker commits every few milliseconds), the thread does
+not poll: each of the store's commits looks for others' anyway. Once the store goes quiet,
+the thread takes a new reading and has the store look once more, which covers a commit
+that came after the store's last look and before that reading; from then on a change is
+someone else's unless the store began a commit meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -15,74 +29,93 @@ if TYPE_CHECKING:
 WATCH_INTERVAL = 0.002
 
 
-def start_watcher(store: SQLiteStore) -> threading.Thread:
-    """Start a thread that wakes the store's waiters when another connection commits.
+class Watch:
+    """What the store's thread needs to wake the loop's waiters for others' commits."""
 
-    A thread polls ``PRAGMA data_version`` on a connection of its own, which changes
-    on every commit of any other connection, this store's included. While the store
-    itself is writing (a draining worker commits every few milliseconds), a change
-    may be its own commit: the watcher then asks the store's thread, whose own
-    connection's data_version changes only with other connections' commits, instead
-    of waking the event loop for nothing.
-    """
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._seen: int | None = None  # the store connection's data_version, last read
+        self.asked = threading.Event()  # a look is queued on the store's thread
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        """On the store's thread: wake the waiters if another connection committed since
+        the last look (the first look wakes them too: it has nothing to compare with)."""
+        try:
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._seen:
+                self._seen = version
+                self.wake()
+        except (sqlite3.Error, RuntimeError):
+            pass
+
+    def wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+def start_watcher(store: SQLiteStore) -> threading.Thread:
+    """Start the thread that wakes the store's waiters when another connection commits."""
     loop = asyncio.get_running_loop()
     wake = store._wake = asyncio.Event()
+    watch = Watch(loop, wake)
+    store._watch = watch
     stop = store._watch_stop
     path = store.path
     executor = store._executor
-    seen: int | None = None  # the store connection's data_version, last read
-    checking = threading.Event()  # a check is queued on the store's thread
 
-    def check(conn: sqlite3.Connection) -> None:
-        nonlocal seen
+    def looked(conn: sqlite3.Connection) -> None:
         try:
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != seen:
-                seen = version
-                loop.call_soon_threadsafe(wake.set)
-        except (sqlite3.Error, RuntimeError):
-            pass
+            watch.check(conn)
         finally:
-            checking.clear()
+            watch.asked.clear()
 
     def ask_store() -> None:
         conn = store._conn
         if executor is None or conn is None:
-            loop.call_soon_threadsafe(wake.set)
-        elif not checking.is_set():
-            checking.set()
+            watch.wake()
+        elif not watch.asked.is_set():
+            watch.asked.set()
             try:
-                executor.submit(check, conn)
+                executor.submit(looked, conn)
             except RuntimeError:  # the store is closing
-                checking.clear()
+                watch.asked.clear()
 
-    def watch() -> None:
+    def version(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def watch_thread() -> None:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
-            ask_store()  # learn the store connection's data_version
-            # The store counts a commit as begun before it shows in data_version, and as
-            # done after. Its commits done before ``last`` was read are in ``last``; a
-            # change of version is another connection's for sure only if no commit of
-            # the store's began since then.
-            settled = store._committed
-            last = conn.execute("PRAGMA data_version").fetchone()[0]
+            mark = store._commits  # the store's commits begun, at the last poll
+            last = version(conn)
+            ask_store()  # the store's first look, after this reading
+            quiet = True
             while not stop.wait(WATCH_INTERVAL):
-                done = store._committed
-                version = conn.execute("PRAGMA data_version").fetchone()[0]
-                if version == last:
-                    continue
                 begun = store._commits
-                last, before, settled = version, settled, done
-                if begun == before:
-                    loop.call_soon_threadsafe(wake.set)  # not ours: someone else's
-                else:
+                if begun != mark:  # the store writes: its commits look for others'
+                    mark, quiet = begun, False
+                    continue
+                if not quiet:  # it stopped writing: a new reading, and one more look
+                    quiet = True
+                    last = version(conn)
                     ask_store()
+                    continue
+                now = version(conn)
+                if now == last:
+                    continue
+                last = now
+                if store._commits == mark:
+                    watch.wake()  # no commit of the store's since: someone else's
+                # else the store began one: the next poll finds it writing.
         except (sqlite3.Error, RuntimeError):
             # The database went away or the loop closed: waiters fall back to timeouts.
             pass
         finally:
             conn.close()
 
-    watcher = threading.Thread(target=watch, name="conveyor-sqlite-watch", daemon=True)
+    watcher = threading.Thread(target=watch_thread, name="conveyor-sqlite-watch", daemon=True)
     watcher.start()
     return watcher

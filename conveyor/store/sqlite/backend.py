@@ -13,7 +13,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -48,11 +48,13 @@ from conveyor.store.sqlite._codec import (
     epoch,
     job_of_row,
     jobs_of,
+    submit_one,
     submit_steps,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
-from conveyor.store.sqlite._errors import rollback, translated
-from conveyor.store.sqlite._watcher import start_watcher
+from conveyor.store.sqlite._errors import translated
+from conveyor.store.sqlite._watcher import Watch, start_watcher
+from conveyor.store.sqlite._writer import GroupWriter
 
 T = TypeVar("T")
 
@@ -66,6 +68,49 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     """Return the first row and step the statement to its end, so no statement stays open."""
     rows = cursor.fetchall()
     return rows[0] if rows else None
+
+
+def _end_attempts(conn: sqlite3.Connection, decided: Iterable[Settlement], now: float) -> list[Any]:
+    """Run the settle statements for a batch; return the rows of the attempts ended.
+
+    Plain successes (the bulk of most batches) go through ``settle_succeeded``, the
+    others through the general ``settle``; each statement is run only if it has jobs.
+    """
+    plain: list[tuple[str, int, str | None]] = []
+    rows = []
+    for d in decided:
+        if (
+            d.status is Status.SUCCEEDED
+            and d.outcome is not None
+            and d.error is None
+            and d.result_ref is None
+            and d.progress is None
+        ):
+            plain.append((d.job_id, d.token, scripts.dumps(d.result)))
+            continue
+        rows.append(
+            (
+                d.job_id,
+                d.token,
+                d.status.value,
+                scripts.dumps(d.result),
+                d.result_ref,
+                d.error,
+                d.retry_delay,
+                1 if d.outcome is None else 0,
+                None if d.progress is None else d.progress.done,
+                None if d.progress is None else d.progress.total,
+                None if d.progress is None else d.progress.message,
+            )
+        )
+    settled = []
+    if plain:
+        params = {"batch": json.dumps(plain), "now": now}
+        settled = conn.execute(_Q["settle_succeeded"], params).fetchall()
+    if rows:
+        params = {"batch": json.dumps(rows), "now": now}
+        settled += conn.execute(_Q["settle"], params).fetchall()
+    return settled
 
 
 class SQLiteStore(SharedReads):
@@ -85,8 +130,9 @@ class SQLiteStore(SharedReads):
         self._watch_stop = threading.Event()
         self._wake: asyncio.Event | None = None
         self._tenant_mix = TenantMix()
+        self._watch: Watch | None = None
+        self._writer: GroupWriter | None = None
         self._commits = 0  # commits begun (counted just before COMMIT)
-        self._committed = 0  # commits done
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -100,32 +146,27 @@ class SQLiteStore(SharedReads):
     async def _write(
         self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
     ) -> T:
-        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction; ``then`` once committed.
+        """Run ``fn`` inside a ``BEGIN IMMEDIATE`` transaction; ``then`` once committed.
 
-        ``then`` gets the result on the store's thread, before the event loop does.
+        Writes asked during one turn of the event loop share the transaction, each in a
+        savepoint of its own (see :mod:`._writer`). ``then`` gets the result on the
+        store's thread, before the event loop does.
         """
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError("the store is not open: call open() first")
+        with translated(self.path):
+            return await writer.write(fn, then)
 
-        def tx(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-                # Counted before it shows in data_version, and once it has: the watcher
-                # must not take this commit for another connection's.
-                self._commits += 1
-                try:
-                    conn.execute("COMMIT")
-                except BaseException:
-                    self._commits -= 1
-                    raise
-                self._committed += 1
-            except BaseException:
-                rollback(conn)
-                raise
-            if then is not None:
-                then(result)
-            return result
+    def _began_commit(self) -> None:
+        # Counted before it shows in data_version: the watcher must not take this commit
+        # for another connection's (a commit that fails stays counted: the store wrote).
+        self._commits += 1
 
-        return await self._run(tx)
+    def _committed(self, conn: sqlite3.Connection) -> None:
+        watch = self._watch
+        if watch is not None:
+            watch.check(conn)  # did another connection commit since the last look?
 
     def _drive(
         self, conn: sqlite3.Connection, script: scripts.Script[T], now: float | None = None
@@ -181,12 +222,20 @@ class SQLiteStore(SharedReads):
             self._conn = await asyncio.get_running_loop().run_in_executor(
                 self._executor, connect, self.path
             )
+            self._writer = GroupWriter(
+                self._executor,
+                self._conn,
+                before_commit=self._began_commit,
+                on_commit=self._committed,
+            )
 
     async def close(self) -> None:
         self._watch_stop.set()
         if self._watcher is not None:
             self._watcher.join(timeout=1)
             self._watcher = None
+        self._writer = None
+        self._watch = None
         if self._executor is not None:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -250,6 +299,12 @@ class SQLiteStore(SharedReads):
 
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
             now = self._clock()  # one reading, under the write lock, for the whole batch
+            if len(jobs) == 1 and not jobs[0].depends_on:
+                # The common submit: one statement, and the job as written (the store
+                # knows every value); a taken id or unique key takes the general steps.
+                submitted = submit_one(conn, jobs[0], now)
+                if submitted is not None:
+                    return [submitted]
             return self._drive(conn, submit_steps(jobs, now), now)
 
         return await self._write(submit)
@@ -375,7 +430,8 @@ class SQLiteStore(SharedReads):
     def _settle(
         self, conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
     ) -> list[str]:
-        """End the attempts of a batch in one UPDATE, then record them and carry the ends on.
+        """End the attempts of a batch in one UPDATE (two when plain successes come with
+        other ends), then record them and carry the ends on.
 
         Per-job statements are left only for what needs them: a job reported succeeded
         that has children, and a job that ended with a parent or with dependents. The
@@ -383,23 +439,7 @@ class SQLiteStore(SharedReads):
         any pays none.
         """
         decided, parents = self._decide(conn, settlements, now)
-        rows = [
-            (
-                d.job_id,
-                d.token,
-                d.status.value,
-                scripts.dumps(d.result),
-                d.result_ref,
-                d.error,
-                d.retry_delay,
-                1 if d.outcome is None else 0,
-                None if d.progress is None else d.progress.done,
-                None if d.progress is None else d.progress.total,
-                None if d.progress is None else d.progress.message,
-            )
-            for d in decided.values()
-        ]
-        settled = conn.execute(_Q["settle"], {"batch": json.dumps(rows), "now": now}).fetchall()
+        settled = _end_attempts(conn, decided.values(), now)
         reported = {s.job_id: s for s in settlements}
         attempts = []
         finished: list[scripts.Ended] = []

@@ -17,6 +17,23 @@ INSERT INTO conveyor_jobs (
 ON CONFLICT DO NOTHING
 RETURNING *;
 
+-- name: submit_one
+-- insert_job for the common submit (one job, no dependencies), returning only whether it
+-- inserted: the store knows every value it wrote.
+INSERT INTO conveyor_jobs (
+    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
+    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
+    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
+    created_at
+) VALUES (
+    :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
+    :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
+    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :retry_count,
+    :submitted_by, :now
+)
+ON CONFLICT DO NOTHING
+RETURNING 1;
+
 -- name: insert_jobs
 -- Insert many new jobs in one statement, in array order; an existing id or an active
 -- unique key makes that row a no-op. :jobs is a JSON array of insert_job's parameters.
@@ -143,6 +160,25 @@ FROM (
            json_extract(value, '$[8]') AS progress_done,
            json_extract(value, '$[9]') AS progress_total,
            json_extract(value, '$[10]') AS progress_message
+    FROM json_each(:batch)
+) AS e
+WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'
+RETURNING id, attempt, lease_owner, started_at, parent_id, status;
+
+-- name: settle_succeeded
+-- The settle of attempts that plainly succeeded (no error, result reference or progress
+-- to store), the most common batch: what the settle above does for them, with two
+-- fewer JSON fields to pull out per job and no CASE to decide. :batch is a JSON array of
+-- [id, token, result].
+UPDATE conveyor_jobs AS j
+SET status = 'succeeded',
+    result = e.result,
+    error = NULL,
+    finished_at = :now,
+    lease_expires_at = NULL
+FROM (
+    SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+           json_extract(value, '$[2]') AS result
     FROM json_each(:batch)
 ) AS e
 WHERE j.id = e.id AND j.lease_token = e.token AND j.status = 'running'

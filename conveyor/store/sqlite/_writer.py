@@ -1,0 +1,193 @@
+"""Group commit: the SQLite store's writes that come together share one transaction.
+
+A worker settles batch N and claims batch N+1 at the same moment; on their own these are
+two ``BEGIN IMMEDIATE ... COMMIT`` transactions on the store's thread, two WAL fsyncs and
+two trips there and back. The :class:`GroupWriter` queues every write asked for during one
+turn of the event loop and runs the queue on the store's thread in one transaction: one
+fsync, one trip, one wake-up of the loop for all their results.
+
+Nothing is acknowledged before the COMMIT that holds it has returned, so a write is as
+durable as before; the group only shares the fsync. A write whose function fails must not
+undo the others: in a group, each write runs in a savepoint, and a failure rolls back to
+it, so that the failed write leaves nothing behind and the others commit. A failure of
+BEGIN or COMMIT itself (a lock held past the busy timeout, a full disk), or one after
+which SQLite rolled the whole transaction back, fails every write of the group: none of
+them was committed, and each caller gets the error as it would have alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, Generic, TypeVar
+
+from conveyor.store.sqlite._errors import rollback
+
+T = TypeVar("T")
+
+
+class _Write(Generic[T]):
+    __slots__ = ("error", "fn", "future", "loop", "result", "then")
+
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], None] | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.fn = fn
+        self.then = then
+        self.loop = loop
+        self.future: asyncio.Future[T] = loop.create_future()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class GroupWriter:
+    """Runs write transactions on the store's one thread, grouping those asked together.
+
+    ``before_commit`` runs on the store's thread just before each COMMIT, ``on_commit``
+    after each that succeeded, with the connection (the store counts its commits and
+    looks for other connections' there).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        conn: sqlite3.Connection,
+        *,
+        before_commit: Callable[[], None],
+        on_commit: Callable[[sqlite3.Connection], None],
+    ) -> None:
+        self._executor = executor
+        self._conn = conn
+        self._before_commit = before_commit
+        self._on_commit = on_commit
+        self._lock = threading.Lock()
+        self._queue: list[_Write[Any]] = []
+        self._kicker: asyncio.AbstractEventLoop | None = None  # the loop that will send it
+        self.groups = 0  # transactions run (for tests and the benchmark)
+        self.writes = 0  # writes committed in them
+
+    async def write(
+        self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
+    ) -> T:
+        """Run ``fn`` in a write transaction, with the writes asked during this loop turn."""
+        loop = asyncio.get_running_loop()
+        write = _Write(fn, then, loop)
+        with self._lock:
+            self._queue.append(write)
+            kicker = self._kicker
+            if kicker is None:
+                self._kicker = loop
+        if kicker is None:
+            # Sent at the end of this turn of the loop: the writes asked until then (a
+            # settle and the claim after it) go in the same transaction.
+            loop.call_soon(self._send)
+        elif kicker is not loop:
+            self._send()  # another loop's turn sends the queue; do not wait on it
+        return await write.future
+
+    def _send(self) -> None:
+        try:
+            self._executor.submit(self._run_queue)
+        except RuntimeError:  # the store was closed meanwhile
+            with self._lock:
+                writes, self._queue = self._queue, []
+                self._kicker = None
+            for w in writes:
+                w.error = RuntimeError("the store is closed")
+            _deliver(writes)
+
+    # -- on the store's thread ----------------------------------------------------------
+
+    def _run_queue(self) -> None:
+        with self._lock:
+            writes, self._queue = self._queue, []
+            self._kicker = None
+        if not writes:
+            return
+        try:
+            self._together(writes)
+        except BaseException as exc:  # nothing of the group was committed
+            for w in writes:
+                if w.error is None:
+                    w.error = exc
+        _deliver(writes)
+
+    def _together(self, writes: list[_Write[Any]]) -> None:
+        """Run ``writes`` in one transaction, each in a savepoint of its own when there are
+        several; set their results once it has committed. Raises when nothing was."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = [w for w in writes if _attempt(conn, w, len(writes) > 1)]
+        except BaseException:
+            rollback(conn)
+            raise
+        if not done:
+            rollback(conn)
+            return
+        self._before_commit()
+        try:
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+        self.groups += 1
+        self.writes += len(done)
+        self._on_commit(conn)
+        for w in done:
+            if w.then is not None:
+                try:
+                    w.then(w.result)
+                except BaseException as exc:
+                    w.error = exc
+
+
+def _attempt(conn: sqlite3.Connection, w: _Write[Any], shared: bool) -> bool:
+    """Run one write's function; False (its error kept) if it failed and was undone.
+
+    In a shared transaction the write runs in a savepoint, so that its failure undoes its
+    own changes only. Raises when the whole transaction is lost: alone, on any failure;
+    shared, when SQLite rolled the transaction back itself (a full disk, an I/O error).
+    """
+    if shared:
+        conn.execute("SAVEPOINT conveyor_write")
+    try:
+        w.result = w.fn(conn)
+    except BaseException as exc:
+        w.error = exc
+        if not shared or not conn.in_transaction:
+            raise
+        conn.execute("ROLLBACK TO conveyor_write")
+        conn.execute("RELEASE conveyor_write")
+        return False
+    if shared:
+        conn.execute("RELEASE conveyor_write")
+    return True
+
+
+def _deliver(writes: list[_Write[Any]]) -> None:
+    """Hand each write's outcome to its loop: one wake-up per loop for the group."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Write[Any]]] = {}
+    for w in writes:
+        by_loop.setdefault(w.loop, []).append(w)
+    for loop, mine in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_futures, mine)
+        except RuntimeError:  # that loop is closed: nobody waits for these any more
+            pass
+
+
+def _settle_futures(writes: list[_Write[Any]]) -> None:
+    for w in writes:
+        if w.future.done():  # cancelled while it ran
+            continue
+        if w.error is not None:
+            w.future.set_exception(w.error)
+        else:
+            w.future.set_result(w.result)

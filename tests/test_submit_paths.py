@@ -1,0 +1,107 @@
+"""The submit path's shortcuts give the answers of the long way round: payloads checked
+a type at a time in a large batch, the C JSON encoder, the quick plain-payload test."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conveyor import Conveyor, JobContext, Submission
+from conveyor._registry import json_text_problem
+from conveyor.core.jsontext import compact, plain_text, strict_compact
+from conveyor.errors import InvalidPayload
+
+VALUES = [
+    {"t": 1.0},
+    {"a": [1, "x\u00e9", None, True, {"b": 2.5}], "c": "\u2603"},
+    {"q": 'quote " and back\\slash', "n": -3, "big": 2**70},
+    [],
+    "text",
+    None,
+    {"": 0, "nested": {"deep": [[1], [2.0]]}},
+]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_compact_writes_what_json_dumps_writes(value: object) -> None:
+    assert compact(value) == json.dumps(value, separators=(",", ":"))
+    assert strict_compact(value) == compact(value)
+
+
+def test_strict_compact_refuses_what_json_dumps_refuses() -> None:
+    for bad in ({"x": math.nan}, [math.inf]):
+        with pytest.raises(ValueError):
+            strict_compact(bad)
+        assert compact(bad) == json.dumps(bad, separators=(",", ":"))
+    with pytest.raises(TypeError):
+        compact({"x": object()})
+    circular: list[object] = []
+    circular.append(circular)
+    with pytest.raises(ValueError):
+        compact(circular)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"a": "plain", "b": 1, "c": 2.5, "d": True, "e": None},
+        {"a": "nul\x00"},
+        {"a": "\ud800"},
+        {"a": math.nan},
+        {"a": -math.inf},
+        {"nul\x00key": 1},
+        {"a": "é"},
+        {"a": [1]},
+        {1: "int key"},
+    ],
+)
+def test_plain_text_never_passes_what_the_full_check_refuses(payload: dict[object, object]) -> None:
+    if plain_text(payload):
+        assert json_text_problem(payload) is None
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Conveyor:
+    app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
+
+    @app.job(name="typed")
+    async def typed(
+        ctx: JobContext, n: int, x: float = 0.0, s: str = "", tags: list[str] | None = None
+    ) -> None: ...
+
+    @app.job(name="bare")
+    async def bare(ctx: JobContext) -> None: ...
+
+    return app
+
+
+def test_a_large_batch_validates_its_payloads_as_one_at_a_time_does(app: Conveyor) -> None:
+    payloads: list[dict[str, object]] = [
+        {"n": i, "x": i, "s": f"é{i}", "tags": ["a", str(i)]} if i % 2 else {"n": str(i)}
+        for i in range(40)
+    ]
+    batch = [Submission("typed", p) for p in payloads] + [Submission("bare", {})] * 20
+    prepared = app.prepare(batch)
+    one_by_one = [app.prepare([s])[0] for s in batch]
+    assert [j.payload for j in prepared] == [j.payload for j in one_by_one]
+    assert prepared[0].payload == {"n": 0} and prepared[1].payload["x"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"n": "not a number"}, {"n": 1, "s": "nul\x00"}, {"n": 1, "x": math.nan}, {"x": 1.0}, []],
+)
+def test_a_large_batch_refuses_its_first_bad_payload_as_one_at_a_time_does(
+    app: Conveyor, bad: object
+) -> None:
+    batch = [Submission("typed", {"n": i}) for i in range(30)]
+    batch[7] = Submission("typed", bad)  # type: ignore[arg-type]
+    batch[20] = Submission("typed", {"n": "also bad"})
+    with pytest.raises(InvalidPayload) as together:
+        app.prepare(batch)
+    with pytest.raises(InvalidPayload) as alone:
+        app.prepare([batch[7]])
+    assert str(together.value) == str(alone.value)
