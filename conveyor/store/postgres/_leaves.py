@@ -32,7 +32,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from conveyor.core.model import Settlement
-from conveyor.store.postgres._codec import Q, settle_params
+from conveyor.store.postgres._codec import Q, settle_params, settle_plain
 
 # After a settle met jobs of a tree, the following settles send settle_leaves with the
 # plain settle for this long: a store that settles no tree's jobs pays nothing for it.
@@ -62,8 +62,17 @@ class TreeSettles:
     def recent(self) -> bool:
         return self._seen_at is not None and self._clock() - self._seen_at < TREE_SECONDS
 
-    def saw(self) -> None:
-        self._seen_at = self._clock()
+    def saw(self, tree: bool) -> None:
+        """Note a settle, and whether it met jobs of a tree."""
+        if tree:
+            self._seen_at = self._clock()
+
+
+def settle_plain_only(
+    conn: psycopg.Connection[Any], settlements: Sequence[Settlement], now: datetime | None
+) -> LeafSettle:
+    """The plain settle alone (``_codec.settle_plain``), for a store that met no tree lately."""
+    return LeafSettle(*settle_plain(conn, settlements, now))
 
 
 def settle_with_leaves(
