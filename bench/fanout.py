@@ -11,16 +11,22 @@ While the tree drains, a thread reads the root as ``app.get`` does (the job row 
 the counts of the jobs below it) every ``read_gap`` seconds and times each read; every
 read must add up (the statuses sum to the total, which is N). It also reads one of the
 children (a job with nothing below it) right after, as a baseline: on a loaded machine
-the difference between the two is what the counts cost.
+the difference between the two is what the counts cost. On PostgreSQL it then has the
+server run the root's read once more under EXPLAIN ANALYZE (on a connection of its own)
+and records the statement's execution time: what the read costs the database, without
+the time the reading process waited for a CPU of a machine the drain keeps busy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import re
 import statistics
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from bench.db import Db, connect
@@ -37,7 +43,7 @@ from bench.measure import (
     migrate,
 )
 from bench.procs import Workers
-from conveyor import Outcome, Status, Submission
+from conveyor import Conveyor, Outcome, Status, Submission
 from conveyor.core.model import Settlement
 from conveyor.store import Lease
 
@@ -100,6 +106,7 @@ class _Reader(threading.Thread):
         self.url, self.total, self.gap = url, total, gap
         self.ms: list[float] = []
         self.plain_ms: list[float] = []
+        self.server_ms: list[float] = []
         self.inconsistent = 0
         self.failure: BaseException | None = None
         self.stop = threading.Event()
@@ -113,25 +120,55 @@ class _Reader(threading.Thread):
     async def _read(self) -> None:
         app = await _open(self.url)
         try:
-            while not self.stop.is_set():
-                before = time.perf_counter()
-                root = await app.get(ROOT)
-                self.ms.append((time.perf_counter() - before) * 1000)
-                below = root.below
-                if (
-                    below is None
-                    or sum(below.by_status().values()) != below.total
-                    or below.total != self.total
-                ):
-                    self.inconsistent += 1
-                if root.terminal:
-                    return
-                before = time.perf_counter()
-                await app.get(f"{ROOT}.0")
-                self.plain_ms.append((time.perf_counter() - before) * 1000)
-                await asyncio.sleep(self.gap)
+            async with _explainer(self.url) as explain:
+                await self._poll(app, explain)
         finally:
             await app.close()
+
+    async def _poll(self, app: Conveyor, explain: Callable[[], Awaitable[float]] | None) -> None:
+        while not self.stop.is_set():
+            before = time.perf_counter()
+            root = await app.get(ROOT)
+            self.ms.append((time.perf_counter() - before) * 1000)
+            below = root.below
+            if (
+                below is None
+                or sum(below.by_status().values()) != below.total
+                or below.total != self.total
+            ):
+                self.inconsistent += 1
+            if root.terminal:
+                return
+            before = time.perf_counter()
+            await app.get(f"{ROOT}.0")
+            self.plain_ms.append((time.perf_counter() - before) * 1000)
+            if explain is not None:
+                self.server_ms.append(await explain())
+            await asyncio.sleep(self.gap)
+
+
+@contextlib.asynccontextmanager
+async def _explainer(url: str) -> AsyncIterator[Callable[[], Awaitable[float]] | None]:
+    """On PostgreSQL, a function that runs the root's read under EXPLAIN ANALYZE and
+    returns the server's execution time in ms; elsewhere None."""
+    if not url.startswith("postgres"):
+        yield None
+        return
+    import psycopg
+
+    from conveyor.store.postgres._codec import Q
+
+    query = "EXPLAIN (ANALYZE, TIMING OFF) " + Q["get_with_counts"]
+
+    async def explain() -> float:
+        rows = await (await conn.execute(query, {"id": ROOT, "now": None})).fetchall()
+        found = re.search(r"Execution Time: ([0-9.]+) ms", "\n".join(r[0] for r in rows))
+        if found is None:
+            raise RuntimeError("EXPLAIN ANALYZE gave no execution time")
+        return float(found.group(1))
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        yield explain
 
 
 def fanout(
@@ -161,7 +198,16 @@ def fanout(
         root_status = db.value(f"SELECT status FROM conveyor_jobs WHERE id = {mark}", (ROOT,))
     if (tree_n, flat_n, root_status) != (jobs, jobs, "succeeded"):
         raise RuntimeError(f"drains incomplete: tree {tree_n}, flat {flat_n}, root {root_status}")
-    return {
+    server = (
+        {
+            "read_server_ms_median": statistics.median(reader.server_ms),
+            "read_server_ms_p95": _percentile(reader.server_ms, 95),
+            "read_server_ms_max": max(reader.server_ms),
+        }
+        if reader.server_ms
+        else {}
+    )
+    return server | {
         "flat_jobs_per_s": flat_rate,
         "tree_jobs_per_s": tree_rate,
         "tree_vs_flat": tree_rate / flat_rate,
@@ -169,6 +215,7 @@ def fanout(
         "read_ms_p95": _percentile(reader.ms, 95),
         "read_ms_max": max(reader.ms),
         "plain_read_ms_median": statistics.median(reader.plain_ms),
+        "plain_read_ms_p95": _percentile(reader.plain_ms, 95),
         "reads": float(len(reader.ms)),
         "inconsistent_reads": float(reader.inconsistent),
     }

@@ -6,17 +6,20 @@ its root's counts locked from its update to its commit, across those round trips
 fan-out's children then settled at half the rate of independent jobs.
 
 Most children are leaves: a parent, but no jobs below them, no cancel asked for and no
-pending dependents. ``settle_leaves`` (queries.sql) settles those and carries their ends
-to the counts of every ancestor in one statement, sent with BEGIN, the lock and COMMIT in
-one pipeline: the counts rows are held for the commit only. Deciding a parent is rare (its
-last child ended): the statement returns the parents whose counts show nothing unfinished,
-and the store decides them afterwards in a transaction of its own that locks their counts
-and reads them again (``scripts.finish_listed``). Of two children that end last at once,
-the one whose update of the counts comes second sees zero: the row lock orders them. A
-parent ends only from ``waiting`` (``finish_waiting``), so it ends once, whoever decides;
-a parent still running decides from its counts when its own handler returns; and a
-worker that dies between the commit and the decision leaves a waiting parent with
-nothing unfinished below it, which the maintenance sweep (``finish_parents``) ends.
+pending dependents. ``settle_leaves`` (queries.sql) settles those, with the plain jobs
+of the batch, and carries their ends to the counts of every ancestor in one statement,
+sent with BEGIN, the lock and COMMIT in one pipeline: the counts rows are held for the
+commit only. A store that met no tree's job lately keeps the plain settle alone
+(``settle_plain_only``), and sends what it leaves here (:meth:`PostgresStore.settle`).
+Deciding a parent is rare (its last child ended): the statement returns the parents
+whose counts show nothing unfinished, and the store decides them afterwards in a
+transaction of its own that locks their counts and reads them again
+(``scripts.finish_listed``). Of two children that end last at once, the one whose update
+of the counts comes second sees zero: the row lock orders them. A parent ends only from
+``waiting`` (``finish_waiting``), so it ends once, whoever decides; a parent still
+running decides from its counts when its own handler returns; and a worker that dies
+between the commit and the decision leaves a waiting parent with nothing unfinished
+below it, which the maintenance sweep (``finish_parents``) ends.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from conveyor.core.model import Settlement
-from conveyor.store.postgres._codec import Q, settle_params
+from conveyor.store.postgres._codec import Q, settle_params, settle_plain
 
-# After a settle met jobs of a tree, the following settles send settle_leaves with the
-# plain settle for this long: a store that settles no tree's jobs pays nothing for it.
+# After a settle met jobs of a tree, the following settles use settle_leaves instead of
+# the plain settle for this long: a store that settles no tree's jobs pays nothing for it.
 TREE_SECONDS = 10.0
 
 
@@ -62,8 +65,17 @@ class TreeSettles:
     def recent(self) -> bool:
         return self._seen_at is not None and self._clock() - self._seen_at < TREE_SECONDS
 
-    def saw(self) -> None:
-        self._seen_at = self._clock()
+    def saw(self, tree: bool) -> None:
+        """Note a settle, and whether it met jobs of a tree."""
+        if tree:
+            self._seen_at = self._clock()
+
+
+def settle_plain_only(
+    conn: psycopg.Connection[Any], settlements: Sequence[Settlement], now: datetime | None
+) -> LeafSettle:
+    """The plain settle alone (``_codec.settle_plain``), for a store that met no tree lately."""
+    return LeafSettle(*settle_plain(conn, settlements, now))
 
 
 def settle_with_leaves(

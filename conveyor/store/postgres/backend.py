@@ -55,7 +55,6 @@ from conveyor.store.postgres._codec import (
     run_steps,
     run_steps_sync,
     settle_params,
-    settle_plain,
     submit_one,
     submit_steps,
     utc,
@@ -75,7 +74,7 @@ from conveyor.store.postgres._connection import (
     redact,
 )
 from conveyor.store.postgres._errors import translated
-from conveyor.store.postgres._leaves import LeafSettle, TreeSettles, settle_with_leaves
+from conveyor.store.postgres._leaves import TreeSettles, settle_plain_only, settle_with_leaves
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
     AuditEntry,
@@ -632,25 +631,17 @@ class PostgresStore(SharedReads):
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
         if not settlements:
             return []
-        now, trees = self._now(), self._trees
-        # A store that meets trees settles their leaves with the plain jobs, in one round
-        # trip (postgres/_leaves.py); others first try the plain settle alone.
-        if trees.recent():
-            ran = await self._transaction(
-                lambda conn: settle_with_leaves(conn, settlements, now), atomic=False
-            )
-        else:
-            refused, rest = await self._transaction(
-                lambda conn: settle_plain(conn, settlements, now), atomic=False
-            )
-            ran = LeafSettle(refused, rest)
-            if rest:
-                ran = await self._transaction(
-                    lambda conn: settle_with_leaves(conn, rest, now), atomic=False
-                )
-                ran.refused += refused
-        if ran.tree:
-            trees.saw()
+        now = self._now()
+        # A store that met trees lately settles their leaves with the plain jobs in one
+        # round trip (postgres/_leaves.py); others try the plain settle alone first.
+        leaves = self._trees.recent()
+        first = settle_with_leaves if leaves else settle_plain_only
+        ran = await self._transaction(lambda c: first(c, settlements, now), atomic=False)
+        if ran.rest and not leaves:
+            refused, rest = ran.refused, ran.rest
+            ran = await self._transaction(lambda c: settle_with_leaves(c, rest, now), atomic=False)
+            ran.refused[:0] = refused
+        self._trees.saw(ran.tree)
         if ran.rest:
             ran.refused += await self._transaction(lambda conn: self._settle(conn, ran.rest))
         if ran.done:
@@ -660,9 +651,9 @@ class PostgresStore(SharedReads):
     def _settle(self, conn: SyncConnection, settlements: Sequence[Settlement]) -> list[str]:
         """Settle in the caller's transaction; a job's end reaches its parent and dependents.
 
-        A worker's batch comes here only for the jobs :meth:`_settle_plain` left (with a
-        parent, children or pending dependents); a rescue's whole batch does. The settle
-        and the look-up of dependents are pipelined, one round trip.
+        A worker's batch comes here only for the jobs its first settle left (see
+        :meth:`settle`); a rescue's whole batch does. The settle and the look-up of
+        dependents are pipelined, one round trip.
         """
         now = self._now()
         # Queued ones too: a job whose cancel was asked for ends cancelled instead.
