@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -324,6 +325,8 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
         "quiet": (("--no-metrics",), {"CONVEYOR_LOG_LEVEL": "WARNING"}),
         "observed": (("--metrics-port", "0"), {"CONVEYOR_LOG_LEVEL": "INFO"}),
     }
+    if os.environ.get("BENCH_OBSERVED_AS_QUIET"):  # an A/A run: the method's own noise
+        configs["observed"] = configs["quiet"]
     names = list(configs)
     if next(_observed_runs) % 2:
         names.reverse()
@@ -353,11 +356,9 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
                 _wait_registered(dbs[name], runs[name], [started[name]])
             time.sleep(0.5)  # past their first (empty) claims: idle
             before = {name: w.cpu_seconds() for name, w in started.items()}
-            for name in names:
-                asyncio.run(_resume_queue(urls[name], name))
-            for name in names:
-                _wait_count(dbs[name], runs[name], "succeeded", jobs)
-                cpu[name] = started[name].cpu_seconds() - before[name]
+            asyncio.run(_resume_queues({name: urls[name] for name in names}))
+            done = _wait_queues_done(dbs, runs, started, jobs)
+            cpu = {name: done[name] - before[name] for name in names}
             for name in names:
                 runs[name].stop_all()
             rates = {name: _queue_rate(dbs[name], name) for name in names}
@@ -378,6 +379,41 @@ def drain_observed(backend: str, url: str, jobs: int, concurrency: int) -> Metri
     }
 
 
+def _wait_queues_done(
+    dbs: Mapping[str, Db],
+    runs: Mapping[str, Workers],
+    workers: Mapping[str, WorkerProcess],
+    jobs: int,
+) -> dict[str, float]:
+    """Wait until every queue's ``jobs`` succeeded; return each worker's CPU seconds then.
+
+    Queue by queue (both may be in one database), each worker's CPU time read as soon
+    as its own queue is done, not once the other's is too (idle, it would still count).
+    """
+    cpu: dict[str, float] = {}
+    deadline = time.monotonic() + _RUN_TIMEOUT
+    while True:
+        for queue, db in dbs.items():
+            if queue in cpu:
+                continue
+            found = int(
+                db.value(
+                    "SELECT count(*) FROM conveyor_jobs "
+                    f"WHERE queue = {_mark(db)} AND status = 'succeeded'",
+                    (queue,),
+                )
+            )
+            if found >= jobs:
+                cpu[queue] = workers[queue].cpu_seconds()
+        if len(cpu) == len(dbs):
+            return cpu
+        for queue in dbs:
+            runs[queue].check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"queues {sorted(set(dbs) - set(cpu))} not drained in time")
+        time.sleep(_POLL)
+
+
 async def _submit_to_paused_queue(url: str, jobs: int, queue: str) -> None:
     app = await _open(url)
     try:
@@ -389,12 +425,22 @@ async def _submit_to_paused_queue(url: str, jobs: int, queue: str) -> None:
         await app.close()
 
 
-async def _resume_queue(url: str, queue: str) -> None:
-    app = await _open(url)
+async def _resume_queues(queues: Mapping[str, str]) -> None:
+    """Resume each queue (its name: its database's URL) as nearly at once as can be.
+
+    Every store is opened first: opened one after the other between the resumes (a
+    PostgreSQL pool, on a busy machine), the first queue got a head start of a tenth
+    of a second or more, and with it about 5% more jobs/s than the second.
+    """
+    apps: dict[str, Conveyor] = {}
     try:
-        await app.resume(queue)
+        for queue, url in queues.items():
+            apps[queue] = await _open(url)
+        for queue, app in apps.items():
+            await app.resume(queue)
     finally:
-        await app.close()
+        for app in apps.values():
+            await app.close()
 
 
 def _queue_rate(db: Db, queue: str) -> float:
