@@ -235,6 +235,64 @@ def test_the_one_job_insert_writes_every_column_the_submit_insert_writes() -> No
     assert columns("submit") - {"depends_on"} == columns("submit_one")
 
 
+async def _lane_pid(store: PostgresStore) -> int:
+    """The server process of the store's one-job submit lane (opened by a submit)."""
+    lane = store._one_job._lane
+    assert lane is not None and lane.alive, "one-job submits should have opened their lane"
+    return int(lane.pgconn.backend_pid)
+
+
+async def test_one_job_submits_survive_the_loss_of_their_connection(
+    store: PostgresStore, url: str
+) -> None:
+    """One-job submits run on a connection of their own (_lane.py); when the server ends
+    it, the next submit still lands (on the pool, then on a new lane), exactly once."""
+    assert (await store.submit([new("first")]))[0].created
+    lost = await _lane_pid(store)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (lost,))
+        # At once, while the session ends: the submit meets its end one way or another.
+        (soon,) = await store.submit([new("soon")])
+        assert soon.created and soon.job == await store.get("soon")
+        assert (await store.submit([new("later")]))[0].created  # on a new lane
+        assert await _lane_pid(store) != lost
+        lost = await _lane_pid(store)
+        await admin.execute("SELECT pg_terminate_backend(%s)", (lost,))
+
+    async def lane_lost() -> bool:
+        return store._one_job._lane is None or not store._one_job._lane.alive
+
+    await eventually(lane_lost, timeout=10)
+    results = [await store.submit([new(f"after{i}")]) for i in range(3)]
+    for i, r in enumerate(results):
+        assert r[0].created and r[0].job == await store.get(f"after{i}")
+    assert await _lane_pid(store) != lost
+    again = await store.submit([new("after0", payload={"n": 2})])
+    assert not again[0].created and again[0].job.payload == {"n": 1}
+
+
+async def test_one_job_submits_at_once_and_a_cancelled_one_leave_the_lane_usable(
+    store: PostgresStore,
+) -> None:
+    """Submits made at once share the lane and the pool; one cancelled while its reply is
+    awaited leaves no reply behind for the next submit to misread."""
+    results = await asyncio.gather(*(store.submit([new(f"c{i}")]) for i in range(30)))
+    assert [r[0].job.id for r in results] == [f"c{i}" for i in range(30)]
+    assert all(r[0].created for r in results)
+    await _lane_pid(store)
+    task = asyncio.create_task(store.submit([new("cancelled")]))
+    lane = store._one_job._lane
+    while lane is not None and lane._waiter is None and not task.done():
+        await asyncio.sleep(0)  # until the statement is sent and its reply awaited
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for i in range(3):
+        (done,) = await store.submit([new(f"next{i}", payload={"n": i})])
+        assert done.created and done.job.payload == {"n": i}
+        assert done.job == await store.get(f"next{i}")
+
+
 async def test_a_dependent_submitted_while_its_dependency_settles_is_released(
     store: PostgresStore, url: str
 ) -> None:

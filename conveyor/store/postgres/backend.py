@@ -55,7 +55,6 @@ from conveyor.store.postgres._codec import (
     run_steps,
     run_steps_sync,
     settle_params,
-    submit_one,
     submit_steps,
     utc,
 )
@@ -74,6 +73,7 @@ from conveyor.store.postgres._connection import (
     redact,
 )
 from conveyor.store.postgres._errors import translated
+from conveyor.store.postgres._lane import OneJobSubmits
 from conveyor.store.postgres._leaves import TreeSettles, settle_plain_only, settle_with_leaves
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.protocol import (
@@ -182,6 +182,7 @@ class PostgresStore(SharedReads):
         self._reconnecting = False
         # Applications' connections found to be on this database (checked once each).
         self._same_database: weakref.WeakSet[object] = weakref.WeakSet()
+        self._one_job = OneJobSubmits(self._connect, self._run, self._where)
 
     def __repr__(self) -> str:
         return f"<PostgresStore {redact(self.url)}>"
@@ -438,6 +439,7 @@ class PostgresStore(SharedReads):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._one_job.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -478,7 +480,7 @@ class PostgresStore(SharedReads):
                 # unique key be taken, it writes nothing, and the look-up that follows
                 # (the general steps, whose INSERT is again a no-op) finds the holder.
                 job, now = jobs[0], self._now()
-                one = await self._run(lambda conn: submit_one(conn, job, now))
+                one = await self._one_job.submit(job, now)
                 if one is not None:
                     return [one]
                 return await self._read(lambda: submit_steps(jobs, None))
