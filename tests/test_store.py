@@ -183,6 +183,56 @@ async def test_claim_respects_run_at_queues_and_pauses(store: Store, clock: Fake
     assert [j.id for j in await claim(store)] == ["later"]
 
 
+async def test_a_claim_over_several_queues_takes_claim_order_across_them(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.submit([new("m1", queue="media", priority=1), new("d1", priority=2)])
+    await store.submit([new("m0", queue="media", priority=0), new("e0", queue="email")])
+    await store.submit([new("d0", priority=0), new("later", queue="media", delay=60)])
+    await store.set_paused("email", True)
+    both = ("default", "media", "email")
+    assert sorted(j.id for j in await claim(store, limit=3, queues=both)) == ["d0", "m0", "m1"]
+    assert [j.id for j in await claim(store, queues=both)] == ["d1"]
+    await store.set_paused("email", False)
+    clock.advance(61)
+    assert sorted(j.id for j in await claim(store, queues=both)) == ["e0", "later"]
+
+
+async def test_a_batch_mixing_plain_successes_with_other_ends_settles_each_as_alone(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.submit([new(x) for x in ("plain", "result", "ref", "retry", "fail", "back")])
+    jobs = {j.id: j for j in await claim(store)}
+    ok, failed = Outcome.SUCCEEDED, Outcome.FAILED
+
+    def end(job_id: str, status: Status, outcome: Outcome | None, **kw: object) -> Settlement:
+        return Settlement(job_id, jobs[job_id].lease_token, status, outcome, **kw)  # type: ignore[arg-type]
+
+    refused = await store.settle(
+        [
+            end("plain", Status.SUCCEEDED, ok),
+            end("result", Status.SUCCEEDED, ok, result={"n": [1, "two"]}),
+            end("ref", Status.SUCCEEDED, ok, result_ref="s3://x", progress=Progress(2, 2)),
+            end("retry", Status.QUEUED, failed, error="boom", retry_delay=5),
+            end("fail", Status.FAILED, failed, error="bad", traceback="tb"),
+            end("back", Status.QUEUED, None),
+        ]
+    )
+    assert refused == []
+    got = {j.id: j for j in await store.get_many(list(jobs))}
+    assert got["plain"].status is Status.SUCCEEDED and got["plain"].result is None
+    assert got["result"].result == {"n": [1, "two"]} and got["result"].finished_at is not None
+    assert got["ref"].result_ref == "s3://x" and got["ref"].progress == Progress(2, 2)
+    assert got["retry"].status is Status.QUEUED and got["retry"].error == "boom"
+    assert got["fail"].status is Status.FAILED and got["fail"].error == "bad"
+    assert got["back"].status is Status.QUEUED and got["back"].attempt == 0
+    assert [a.outcome for a in await store.attempts("plain")] == [ok]
+    assert [a.outcome for a in await store.attempts("result")] == [ok]
+    assert await store.attempts("back") == []
+    stale = Settlement("plain", jobs["plain"].lease_token, Status.SUCCEEDED, ok)
+    assert await store.settle([stale]) == ["plain"]  # settled once only
+
+
 async def test_claim_sets_lease_token_and_attempt(store: Store, clock: FakeClock) -> None:
     await store.submit([new("a")])
     (job,) = await claim(store)

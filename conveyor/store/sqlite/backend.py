@@ -377,6 +377,9 @@ class SQLiteStore(SharedReads):
                 return [job_of_row(r) for r in self._drive(conn, script)]
             # The lease starts now that this transaction holds the write lock: a time read
             # before waiting for it would store a lease that may already have expired.
+            if len(queues) == 1:
+                one = params | {"queue": queues[0], "now": self._clock()}
+                return jobs_of(conn.execute(_Q["claim_one_queue"], one))
             return jobs_of(conn.execute(_Q["claim"], params | {"now": self._clock()}))
 
         return await self._write(claim, on_claimed)

@@ -96,6 +96,31 @@ WHERE id IN (
 )
 RETURNING *;
 
+-- name: claim_one_queue
+-- The claim of a worker on one queue. With the queue fixed, conveyor_jobs_claim (queue,
+-- priority, run_at, id) yields its queued jobs in claim order: the scan stops after
+-- :limit due ones. The claim above, over a list of queues, reads every queued job of
+-- them and sorts them to take the first :limit (a backlog of 10,000 jobs: 10,000 index
+-- entries read for each claim of 100).
+UPDATE conveyor_jobs
+SET status = 'running',
+    attempt = attempt + 1,
+    lease_token = lease_token + 1,
+    lease_owner = :worker_id,
+    lease_expires_at = :now + coalesce(lease_seconds, :lease),
+    started_at = :now,
+    cancel_requested = 0
+WHERE id IN (
+    SELECT id FROM conveyor_jobs
+    WHERE status = 'queued'
+      AND queue = :queue
+      AND run_at <= :now
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queues WHERE name = :queue AND paused = 1)
+    ORDER BY priority, run_at, id
+    LIMIT :limit
+)
+RETURNING *;
+
 -- name: renew_leases
 -- Extend every lease a worker still holds (id and token in :leases, a JSON array of pairs).
 UPDATE conveyor_jobs

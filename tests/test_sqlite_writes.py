@@ -1,0 +1,89 @@
+"""The SQLite store's group commit: writes asked together share one transaction, and
+one that fails leaves nothing behind without undoing the others (store/sqlite/_writer.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import pytest
+
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import Outcome, Settlement
+from conveyor.errors import ConveyorError
+from conveyor.store.sqlite import SQLiteStore
+from conveyor.store.sqlite._codec import loads
+from tests.helpers import new
+
+
+@pytest.fixture
+async def store(tmp_path: pathlib.Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(str(tmp_path / "writes.db"))
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def _counts(store: SQLiteStore) -> tuple[int, int]:
+    writer = store._writer
+    assert writer is not None
+    return writer.groups, writer.writes
+
+
+async def test_a_settle_and_the_next_claim_asked_together_commit_once(store: SQLiteStore) -> None:
+    await store.submit([new(f"j{n}") for n in range(4)])
+    first = await store.claim(worker_id="w", queues=["default"], limit=2, lease=30)
+    groups, writes = _counts(store)
+    ends = [Settlement(j.id, j.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED) for j in first]
+    refused, second = await asyncio.gather(
+        store.settle(ends),
+        store.claim(worker_id="w", queues=["default"], limit=2, lease=30),
+    )
+    assert refused == [] and len(second) == 2
+    assert _counts(store) == (groups + 1, writes + 2)
+    assert {j.id for j in first} | {j.id for j in second} == {"j0", "j1", "j2", "j3"}
+    for job in first:
+        done = await store.get(job.id)
+        assert done is not None and done.status is Status.SUCCEEDED
+    # Awaited one after the other, writes are transactions of their own.
+    await store.submit([new("x")])
+    await store.submit([new("y")])
+    assert _counts(store) == (groups + 3, writes + 4)
+
+
+async def test_a_write_that_fails_in_a_group_leaves_nothing_and_the_others_commit(
+    store: SQLiteStore,
+) -> None:
+    groups, _ = _counts(store)
+    # The second job of the first submit depends on a job that does not exist: the submit
+    # fails after its first job was inserted, and must leave neither.
+    failing = store.submit([new("first", depends_on=()), new("second", depends_on=("nope",))])
+    results = await asyncio.gather(failing, store.submit([new("other")]), return_exceptions=True)
+    assert isinstance(results[0], ConveyorError)
+    assert _counts(store)[0] == groups + 1  # one transaction for both
+    assert await store.get("first") is None and await store.get("second") is None
+    other = await store.get("other")
+    assert other is not None and other.status is Status.QUEUED
+
+
+async def test_the_file_holds_every_acknowledged_write_of_a_group(
+    store: SQLiteStore, tmp_path: pathlib.Path
+) -> None:
+    await asyncio.gather(*(store.submit([new(f"g{n}")]) for n in range(20)))
+    # Another connection (as another process would) sees all twenty.
+    with sqlite3.connect(tmp_path / "writes.db") as other:
+        (count,) = other.execute("SELECT count(*) FROM conveyor_jobs").fetchone()
+    assert count == 20
+
+
+def test_loads_reads_what_json_loads_reads_and_refuses_what_it_refuses() -> None:
+    for text in ('{"a":[1,2.5,"x",null,true]}', "[]", '"s"', "3", ' {"padded": 1} \n'):
+        assert loads(text) == json.loads(text)
+    for bad in ("{} x", "", "{", "[1,]"):
+        with pytest.raises(json.JSONDecodeError):
+            loads(bad)
