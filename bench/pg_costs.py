@@ -16,7 +16,8 @@ the variants are interleaved, ``--rounds`` times. Variants:
   table and writes the wide row once, at settle.
 
 Needs PostgreSQL at ``--url`` (a server URL; databases ``conveyor_pgcosts_*`` are made
-and dropped). Only the server's figures are comparable between variants.
+and dropped). Only the server's figures are comparable between variants. ``/proc`` counts
+CPU in clock ticks (10 ms), so drains shorter than about 10,000 jobs read as noise.
 """
 
 from __future__ import annotations
