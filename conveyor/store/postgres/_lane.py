@@ -47,8 +47,10 @@ _PARAMETERS = (
 # After a lane could not be opened, the pool serves for this long before the next try.
 _REOPEN_AFTER = 5.0
 _POSTGRES_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-# SQLSTATEs of a session the server ends or cannot serve: connection exceptions, shutdowns.
-_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
+# SQLSTATEs of a session the server ends or cannot serve (connection exceptions,
+# shutdowns), or that lost its prepared statement (a pooler in transaction mode): the
+# submit runs again on the pool.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03", "26000")
 _MICROSECONDS = struct.Struct(">q")
 
 Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
