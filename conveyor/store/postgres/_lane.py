@@ -67,16 +67,16 @@ def prepared_sql() -> str:
     return sql
 
 
-def _text(value: object) -> bytes | None:
-    """A parameter in PostgreSQL's text format."""
+def _text(value: object, encoding: str) -> bytes | None:
+    """A parameter in PostgreSQL's text format, in the connection's encoding."""
     if value is None:
         return None
     if isinstance(value, datetime):
         return utc(value).isoformat().encode()
-    return str(value).encode()
+    return str(value).encode(encoding)
 
 
-def _parameters(job: NewJob, now: datetime | None) -> list[bytes | None]:
+def _parameters(job: NewJob, now: datetime | None, encoding: str) -> list[bytes | None]:
     values = {
         "id": job.id,
         "type": job.type,
@@ -102,7 +102,7 @@ def _parameters(job: NewJob, now: datetime | None) -> list[bytes | None]:
         "submitted_by": job.submitted_by,
         "now": now,
     }
-    return [_text(values[name]) for name in _PARAMETERS]
+    return [_text(values[name], encoding) for name in _PARAMETERS]
 
 
 def _timestamptz(binary: bytes | None) -> datetime:
@@ -122,6 +122,7 @@ class _Lane:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
         self.pgconn = conn.pgconn
+        self.encoding = conn.info.encoding
         self.alive = True
         self.busy = False
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
@@ -161,8 +162,9 @@ class _Lane:
         self.busy = True
         try:
             try:
+                parameters = _parameters(job, now, self.encoding)
                 self.pgconn.send_query_prepared(
-                    _STATEMENT, _parameters(job, now), result_format=pq.Format.BINARY
+                    _STATEMENT, parameters, result_format=pq.Format.BINARY
                 )
                 while self.pgconn.flush():  # the socket's buffer is full: rare
                     await asyncio.sleep(0.001)
@@ -170,6 +172,8 @@ class _Lane:
                 self.lose()
                 raise _Lost() from None
             self._waiter = self._loop.create_future()
+            if not self.pgconn.is_busy():  # the reply was read already (after a full buffer)
+                self._readable()
             try:
                 results = await self._waiter
             except asyncio.CancelledError:
@@ -182,7 +186,7 @@ class _Lane:
     def _read(self, job: NewJob, results: list[pq.abc.PGresult]) -> Submitted | None:
         for result in results:
             if result.status == pq.ExecStatus.FATAL_ERROR:
-                error = psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+                error = psycopg.errors.error_from_result(result, encoding=self.encoding)
                 if (error.sqlstate or "").startswith(_CONNECTION_LOST):
                     self.lose()  # the server is ending this session: the pool takes over
                     raise _Lost() from error
