@@ -47,8 +47,10 @@ _PARAMETERS = (
 # After a lane could not be opened, the pool serves for this long before the next try.
 _REOPEN_AFTER = 5.0
 _POSTGRES_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-# SQLSTATEs of a session the server ends or cannot serve: connection exceptions, shutdowns.
-_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
+# SQLSTATEs of a session the server ends or cannot serve (connection exceptions,
+# shutdowns), or that lost its prepared statement (a pooler in transaction mode): the
+# submit runs again on the pool.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03", "26000")
 _MICROSECONDS = struct.Struct(">q")
 
 Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
@@ -65,16 +67,16 @@ def prepared_sql() -> str:
     return sql
 
 
-def _text(value: object) -> bytes | None:
-    """A parameter in PostgreSQL's text format."""
+def _text(value: object, encoding: str) -> bytes | None:
+    """A parameter in PostgreSQL's text format, in the connection's encoding."""
     if value is None:
         return None
     if isinstance(value, datetime):
         return utc(value).isoformat().encode()
-    return str(value).encode()
+    return str(value).encode(encoding)
 
 
-def _parameters(job: NewJob, now: datetime | None) -> list[bytes | None]:
+def _parameters(job: NewJob, now: datetime | None, encoding: str) -> list[bytes | None]:
     values = {
         "id": job.id,
         "type": job.type,
@@ -100,7 +102,7 @@ def _parameters(job: NewJob, now: datetime | None) -> list[bytes | None]:
         "submitted_by": job.submitted_by,
         "now": now,
     }
-    return [_text(values[name]) for name in _PARAMETERS]
+    return [_text(values[name], encoding) for name in _PARAMETERS]
 
 
 def _timestamptz(binary: bytes | None) -> datetime:
@@ -120,6 +122,7 @@ class _Lane:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
         self.pgconn = conn.pgconn
+        self.encoding = conn.info.encoding
         self.alive = True
         self.busy = False
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
@@ -159,8 +162,9 @@ class _Lane:
         self.busy = True
         try:
             try:
+                parameters = _parameters(job, now, self.encoding)
                 self.pgconn.send_query_prepared(
-                    _STATEMENT, _parameters(job, now), result_format=pq.Format.BINARY
+                    _STATEMENT, parameters, result_format=pq.Format.BINARY
                 )
                 while self.pgconn.flush():  # the socket's buffer is full: rare
                     await asyncio.sleep(0.001)
@@ -168,6 +172,8 @@ class _Lane:
                 self.lose()
                 raise _Lost() from None
             self._waiter = self._loop.create_future()
+            if not self.pgconn.is_busy():  # the reply was read already (after a full buffer)
+                self._readable()
             try:
                 results = await self._waiter
             except asyncio.CancelledError:
@@ -180,7 +186,7 @@ class _Lane:
     def _read(self, job: NewJob, results: list[pq.abc.PGresult]) -> Submitted | None:
         for result in results:
             if result.status == pq.ExecStatus.FATAL_ERROR:
-                error = psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+                error = psycopg.errors.error_from_result(result, encoding=self.encoding)
                 if (error.sqlstate or "").startswith(_CONNECTION_LOST):
                     self.lose()  # the server is ending this session: the pool takes over
                     raise _Lost() from error

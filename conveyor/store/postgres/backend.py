@@ -16,7 +16,8 @@ event loop in autocommit, where nothing is held between them.
 
 Connections per store: at most ``pool_size`` (default 10) on the event loop's pool,
 at most ``_TX_POOL_MAX`` (4) on the transaction threads' pool, which opens them only
-when needed, and one LISTEN connection once :meth:`PostgresStore.wait_for_jobs` is called.
+when needed, one LISTEN connection once :meth:`PostgresStore.wait_for_jobs` is called,
+and one for one-job submits once a job is submitted alone (``_lane.py``).
 """
 
 from __future__ import annotations
