@@ -198,6 +198,18 @@ async def test_a_claim_over_several_queues_takes_claim_order_across_them(
     assert sorted(j.id for j in await claim(store, queues=both)) == ["e0", "later"]
 
 
+async def test_claims_over_a_long_or_repeating_list_of_queues_take_claim_order_too(
+    store: Store,
+) -> None:
+    await store.submit([new("q3-b", queue="q3", priority=1), new("q3-a", queue="q3")])
+    await store.submit([new("q17", queue="q17", priority=0), new("d", priority=2)])
+    many = (*(f"q{n}" for n in range(20)), "default")  # past the per-queue union
+    assert sorted(j.id for j in await claim(store, limit=2, queues=many)) == ["q17", "q3-a"]
+    twice = ("q3", "default", "q3", "default")
+    assert [j.id for j in await claim(store, limit=1, queues=twice)] == ["q3-b"]
+    assert [j.id for j in await claim(store, queues=twice)] == ["d"]
+
+
 async def test_a_batch_mixing_plain_successes_with_other_ends_settles_each_as_alone(
     store: Store, clock: FakeClock
 ) -> None:

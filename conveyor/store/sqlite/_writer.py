@@ -4,7 +4,9 @@ A worker settles batch N and claims batch N+1 at the same moment; on their own t
 two ``BEGIN IMMEDIATE ... COMMIT`` transactions on the store's thread, two WAL fsyncs and
 two trips there and back. The :class:`GroupWriter` queues every write asked for during one
 turn of the event loop and runs the queue on the store's thread in one transaction: one
-fsync, one trip, one wake-up of the loop for all their results.
+fsync, one trip, one wake-up of the loop for all their results. The store's thread waits
+for the end of the turn at most 2 ms: writes asked just before a handler blocks the loop
+still run while it is blocked.
 
 Nothing is acknowledged before the COMMIT that holds it has returned, so a write is as
 durable as before; the group only shares the fsync. A write whose function fails must not
@@ -27,6 +29,10 @@ from typing import Any, Generic, TypeVar
 from conveyor.store.sqlite._errors import rollback
 
 T = TypeVar("T")
+
+# How long the store's thread waits for the loop's turn to end before it runs the writes
+# queued so far (the loop may be blocked by a handler: the writes must not wait for it).
+_TURN_WAIT = 0.002
 
 
 class _Write(Generic[T]):
@@ -68,7 +74,7 @@ class GroupWriter:
         self._on_commit = on_commit
         self._lock = threading.Lock()
         self._queue: list[_Write[Any]] = []
-        self._kicker: asyncio.AbstractEventLoop | None = None  # the loop that will send it
+        self._sent = False  # whether a run of the queue is on its way to the store's thread
         self.groups = 0  # transactions run (for tests and the benchmark)
         self.writes = 0  # writes committed in them
 
@@ -80,34 +86,36 @@ class GroupWriter:
         write = _Write(fn, then, loop)
         with self._lock:
             self._queue.append(write)
-            kicker = self._kicker
-            if kicker is None:
-                self._kicker = loop
-        if kicker is None:
-            # Sent at the end of this turn of the loop: the writes asked until then (a
-            # settle and the claim after it) go in the same transaction.
-            loop.call_soon(self._send)
-        elif kicker is not loop:
-            self._send()  # another loop's turn sends the queue; do not wait on it
+            sent = self._sent
+            self._sent = True
+        if not sent:
+            # The store's thread starts at once but waits for the end of this turn of the
+            # loop, so that the writes asked until then (a settle and the claim after
+            # it) go in the same transaction; a loop that blocks holds them back only
+            # for _TURN_WAIT.
+            turn_over = threading.Event()
+            loop.call_soon(turn_over.set)
+            self._send(turn_over)
         return await write.future
 
-    def _send(self) -> None:
+    def _send(self, turn_over: threading.Event) -> None:
         try:
-            self._executor.submit(self._run_queue)
+            self._executor.submit(self._run_queue, turn_over)
         except RuntimeError:  # the store was closed meanwhile
             with self._lock:
                 writes, self._queue = self._queue, []
-                self._kicker = None
+                self._sent = False
             for w in writes:
                 w.error = RuntimeError("the store is closed")
             _deliver(writes)
 
     # -- on the store's thread ----------------------------------------------------------
 
-    def _run_queue(self) -> None:
+    def _run_queue(self, turn_over: threading.Event) -> None:
+        turn_over.wait(_TURN_WAIT)
         with self._lock:
             writes, self._queue = self._queue, []
-            self._kicker = None
+            self._sent = False
         if not writes:
             return
         try:

@@ -9,6 +9,7 @@ claim, heartbeat and the batched settle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import threading
@@ -68,6 +69,31 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     """Return the first row and step the statement to its end, so no statement stays open."""
     rows = cursor.fetchall()
     return rows[0] if rows else None
+
+
+# Workers on up to this many queues claim through _claim_over; more take the claim that
+# sorts every queued job of their queues.
+_UNION_MAX = 16
+
+
+@functools.lru_cache(maxsize=_UNION_MAX)
+def _claim_over(queues: int) -> str:
+    """The claim over ``queues`` queues (named :q0, :q1, ...): each queue's first :limit
+    due jobs, a range of conveyor_jobs_claim read in claim order as ``claim_one_queue``
+    reads it, then the first :limit of those. ``claim``, with ``queue IN (...)``, reads
+    and sorts every queued job of the queues instead."""
+    head = _Q["claim_one_queue"].partition("WHERE id IN (")[0]
+    ranges = " UNION ALL ".join(
+        f"SELECT * FROM (SELECT id, priority, run_at FROM conveyor_jobs "
+        f"WHERE status = 'queued' AND queue = :q{n} AND run_at <= :now "
+        f"AND NOT EXISTS (SELECT 1 FROM conveyor_queues WHERE name = :q{n} AND paused = 1) "
+        f"ORDER BY priority, run_at, id LIMIT :limit)"
+        for n in range(queues)
+    )
+    return (
+        f"{head}WHERE id IN (SELECT id FROM ({ranges}) "
+        "ORDER BY priority, run_at, id LIMIT :limit) RETURNING *"
+    )
 
 
 def _end_attempts(conn: sqlite3.Connection, decided: Iterable[Settlement], now: float) -> list[Any]:
@@ -358,9 +384,10 @@ class SQLiteStore(SharedReads):
         limits: Limits | None = None,
         on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
+        names = list(dict.fromkeys(queues))
         params = {
             "worker_id": worker_id,
-            "queues": json.dumps(list(queues)),
+            "queues": json.dumps(names),
             "limit": limit,
             "lease": lease,
         }
@@ -377,10 +404,14 @@ class SQLiteStore(SharedReads):
                 return [job_of_row(r) for r in self._drive(conn, script)]
             # The lease starts now that this transaction holds the write lock: a time read
             # before waiting for it would store a lease that may already have expired.
-            if len(queues) == 1:
-                one = params | {"queue": queues[0], "now": self._clock()}
+            now = self._clock()
+            if len(names) == 1:
+                one = params | {"queue": names[0], "now": now}
                 return jobs_of(conn.execute(_Q["claim_one_queue"], one))
-            return jobs_of(conn.execute(_Q["claim"], params | {"now": self._clock()}))
+            if len(names) <= _UNION_MAX:
+                each = {f"q{n}": name for n, name in enumerate(names)}
+                return jobs_of(conn.execute(_claim_over(len(names)), params | each | {"now": now}))
+            return jobs_of(conn.execute(_Q["claim"], params | {"now": now}))
 
         return await self._write(claim, on_claimed)
 

@@ -101,7 +101,8 @@ RETURNING *;
 -- priority, run_at, id) yields its queued jobs in claim order: the scan stops after
 -- :limit due ones. The claim above, over a list of queues, reads every queued job of
 -- them and sorts them to take the first :limit (a backlog of 10,000 jobs: 10,000 index
--- entries read for each claim of 100).
+-- entries read for each claim of 100); workers on a few queues claim through a UNION
+-- ALL of this statement's range, one per queue (backend.py, _claim_over).
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
