@@ -476,10 +476,9 @@ class PostgresStore(SharedReads):
         if connection is None:
             # New steps for each try: a retry after a lost connection starts over.
             if len(jobs) == 1 and not jobs[0].depends_on:
-                # One job is one INSERT, atomic on its own: in autocommit it takes one
-                # round trip instead of three (BEGIN, INSERT, COMMIT). Should its id or
-                # unique key be taken, it writes nothing, and the look-up that follows
-                # (the general steps, whose INSERT is again a no-op) finds the holder.
+                # One job is one autocommit INSERT, one round trip. Should its id or
+                # unique key be taken, it writes nothing and the general steps that
+                # follow (their INSERT again a no-op) find the holder.
                 job, now = jobs[0], self._now()
                 one = await self._one_job.submit(job, now)
                 if one is not None:
