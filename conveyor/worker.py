@@ -866,6 +866,8 @@ class Worker:
             try:
                 sent = time.monotonic()
                 refused = set(await store.settle([s for _, s in batch]))
+                if refused and failures:
+                    refused -= await recorded_before(store, batch, refused)
                 if self._metrics is not None:
                     self._metrics.settle_seconds.observe(time.monotonic() - sent)
                 failures = 0
@@ -1028,6 +1030,25 @@ def _outcome_line(run: _Run, s: Settlement, retry_at: datetime | None) -> str:
     if status is Status.QUEUED:
         return f"job handed back after {took} ({run.reason or 'worker stopping'})"
     return f"job {status.value} after {took}"
+
+
+async def recorded_before(
+    store: Store, batch: Sequence[tuple[_Run, Settlement]], refused: set[str]
+) -> set[str]:
+    """The refused jobs that a failed try of this settle had recorded after all.
+
+    A settle retried after a lost connection (a database restart) is refused for the jobs
+    whose first try committed before the answer was lost: their attempt rows already hold
+    this run's outcome. Those results were recorded, not lost.
+    """
+    found = set()
+    for run, settlement in batch:
+        if run.job.id in refused and settlement.outcome is not None:
+            attempts = await store.attempts(run.job.id)
+            number, outcome = run.job.attempt, settlement.outcome
+            if any(a.number == number and a.outcome == outcome for a in attempts):
+                found.add(run.job.id)
+    return found
 
 
 class _Port:

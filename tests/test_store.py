@@ -950,3 +950,24 @@ async def test_the_tenant_namespace_migration_moves_live_jobs_with_their_referen
         assert theirs.created and not mine.created and mine.job.id == "acme/keyed"
     finally:
         await upgraded.close()
+
+
+async def test_a_settle_retried_after_its_answer_was_lost_is_told_from_lost_leases(
+    store: Store,
+) -> None:
+    # A database restart can lose a settle's answer after its commit: the worker's retry
+    # is refused for those jobs, whose results are recorded, not lost (worker.py).
+    from conveyor.worker import _Run, recorded_before
+
+    await store.submit([new("recorded"), new("taken")])
+    jobs = {job.id: job for job in await claim(store)}
+    first = Settlement(
+        "recorded", jobs["recorded"].lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED
+    )
+    assert await store.settle([first]) == []  # the try whose answer was lost
+    stale = jobs["taken"].lease_token - 1  # a lease that really is gone
+    retry = [first, Settlement("taken", stale, Status.SUCCEEDED, Outcome.SUCCEEDED)]
+    refused = set(await store.settle(retry))
+    assert refused == {"recorded", "taken"}
+    batch = [(_Run(jobs[s.job_id], 30.0, 0.0), s) for s in retry]
+    assert await recorded_before(store, batch, refused) == {"recorded"}
