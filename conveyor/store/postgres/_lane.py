@@ -171,11 +171,15 @@ class _Lane:
             except psycopg.OperationalError:
                 self.lose()
                 raise _Lost() from None
-            self._waiter = self._loop.create_future()
+            if not self.alive:  # lost while the buffer drained: nothing would answer
+                raise _Lost()
+            # A local reference: reading a reply that is already in may lose the lane,
+            # which fails this future and lets go of the lane's own reference to it.
+            waiter = self._waiter = self._loop.create_future()
             if not self.pgconn.is_busy():  # the reply was read already (after a full buffer)
                 self._readable()
             try:
-                results = await self._waiter
+                results = await waiter
             except asyncio.CancelledError:
                 self.lose()  # the reply would reach the next submit: start afresh
                 raise
