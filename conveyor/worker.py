@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum, IntEnum
@@ -821,7 +821,14 @@ class Worker:
             run.reason,
             self.options.cancel_grace,
         )
-        self._finish(run, self._interrupted(run))
+        settlement = self._interrupted(run)
+        if settlement is not None and run.interrupt is _Interrupt.HAND_BACK:
+            # Its handler is still running, until this process exits: the job goes back
+            # to the queue runnable only once its lease would have run out, as after a
+            # crash, so that no other worker starts it alongside (no attempt is spent).
+            left = run.lease - (time.monotonic() - run.renewed_at)
+            settlement = dataclasses.replace(settlement, retry_delay=max(0.0, left))
+        self._finish(run, settlement)
 
     def _finish(self, run: _Run, settlement: Settlement | None) -> None:
         run.done = True
@@ -1170,9 +1177,11 @@ class _Heartbeat(threading.Thread):
         last_progress = 0.0
         failures = 0
         tick = min(0.25, self.interval / 2)
-        while not self._stop_event.wait(tick):
+        wait = tick
+        while not self._stop_event.wait(wait):
             now = time.monotonic()
             runs = self.leases.snapshot()
+            wait = _until_fence(runs, now, tick)
             interval = min([r.lease / 3 for r in runs] + [self.interval])
             stale = any(now - r.renewed_at >= r.lease / 3 for r in runs if not r.done)
             progress_due = (
@@ -1184,13 +1193,15 @@ class _Heartbeat(threading.Thread):
             progress = self.leases.take_progress()
             started = time.monotonic()
             try:
-                beat = loop.run_until_complete(
+                beat = self._send_beat(
+                    loop,
                     store.heartbeat(
                         worker_id=self.worker_id,
                         leases=[r.key for r in runs],
                         lease=self.lease,
                         progress=progress,
-                    )
+                    ),
+                    tick,
                 )
             except Exception as exc:
                 failures += 1
@@ -1209,6 +1220,22 @@ class _Heartbeat(threading.Thread):
                 last_progress = started
             if not self._beaten(runs, beat, progress, started):
                 return
+
+    def _send_beat(
+        self, loop: asyncio.AbstractEventLoop, beat: Coroutine[Any, Any, Beat], tick: float
+    ) -> Beat:
+        """Wait for a beat's answer, stopping runs whose leases may run out meanwhile: a
+        database that is slow to answer (its write lock held by other processes, a
+        restart) must not keep this thread from fencing."""
+        task = loop.create_task(beat)
+        wait = _until_fence(self.leases.snapshot(), time.monotonic(), tick)
+        while True:
+            loop.run_until_complete(asyncio.wait((task,), timeout=wait))
+            if task.done():
+                return task.result()
+            runs, now = self.leases.snapshot(), time.monotonic()
+            self._fence(runs, now)
+            wait = _until_fence(runs, now, tick)
 
     def _beaten(
         self, runs: list[_Run], beat: Beat, progress: Mapping[Lease, Progress], started: float
@@ -1328,9 +1355,21 @@ async def _lease_current(run: _Run) -> bool:
         await asyncio.sleep(0.01)
 
 
+def _fence_at(run: _Run) -> float:
+    """When (monotonic) ``run``'s lease may run out, with a margin: the run stops then."""
+    return run.renewed_at + run.lease - min(run.lease / 6, 2.0)
+
+
+def _until_fence(runs: Iterable[_Run], now: float, tick: float) -> float:
+    """How long the heartbeat may wait: a tick, or less when a run must stop sooner (a
+    tick late would eat the margin its handler has to stop before its lease runs out)."""
+    fences = [f for f in (_fence_at(r) - now for r in runs if not r.done) if f > 0]
+    return max(0.005, min([tick, *fences]))
+
+
 def _may_have_expired(run: _Run, now: float) -> bool:
     """Whether ``run``'s lease may have run out by ``now`` (monotonic), with a margin."""
-    return now - run.renewed_at > run.lease - min(run.lease / 6, 2.0)
+    return now > _fence_at(run)
 
 
 def run_worker(app: WorkerHost, options: WorkerOptions) -> None:

@@ -583,3 +583,78 @@ async def test_jobs_of_a_claim_in_flight_when_the_worker_stops_are_handed_back_u
     await job.refresh()
     assert started == [], "a stopping worker started a job it claimed as it stopped"
     assert job.status is Status.QUEUED and job.attempt == 0
+
+
+async def test_a_handler_abandoned_at_shutdown_hands_its_job_back_for_when_its_lease_ends(
+    app: Conveyor,
+) -> None:
+    """A stopping worker hands back the job of a handler that ignored cancellation, but
+    that handler goes on running until the process exits: the job must not be started
+    elsewhere meanwhile. It is queued without spending an attempt, runnable only once
+    the lease the stopping worker held would have run out."""
+    lease = 6.0
+    stuck = threading.Event()
+    let_go = threading.Event()
+
+    @app.job()
+    def stubborn(ctx: JobContext) -> None:
+        stuck.set()
+        let_go.wait(60)  # ignores ctx.cancelled
+
+    job = await stubborn.submit()
+    try:
+        async with running_worker(app, lease=lease, grace=0.1, cancel_grace=0.2):
+            await asyncio.get_running_loop().run_in_executor(None, stuck.wait, 20)
+            stopping_at = time.time()
+        stopped_at = time.time()
+        # The worker has stopped (run() returned); the abandoned handler still runs.
+        assert not let_go.is_set()
+        await job.refresh()
+        assert job.status is Status.QUEUED and job.attempt == 0, "handed back, no attempt spent"
+        # Runnable once the last lease it held could have run out: that lease was renewed
+        # at most lease/3 before the stop (a loaded machine's late heartbeat is allowed
+        # another lease/3), and it ran out no later than a lease after the hand-back.
+        run_at = job.record.run_at.timestamp()
+        assert run_at - stopping_at >= lease / 3, run_at - stopping_at
+        assert run_at - stopped_at <= lease, run_at - stopped_at
+    finally:
+        let_go.set()
+    assert [a.outcome for a in await job.attempts()] == []
+
+
+async def test_a_heartbeat_waiting_on_the_database_still_stops_runs_before_their_leases_end(
+    app: Conveyor, backend: str, db_url: str
+) -> None:
+    """The heartbeat's thread also stops runs whose leases may run out. While its beat
+    waits for the database (the write lock held by another process, as a busy machine's
+    other workers can hold it for seconds on SQLite), it must go on doing so: a run still
+    going when its lease runs out would go on beside the one that rescues its job."""
+    lease = 3.0
+    started = threading.Event()
+    stopped: list[float] = []
+
+    @app.job()
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            stopped.append(time.monotonic())
+            raise
+
+    await long.submit()
+    probe = _Probe(backend, db_url)
+    try:
+        async with running_worker(app, lease=lease, concurrency=1):
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 20)
+            probe.hold_write_lock()
+            held = time.monotonic()
+            try:
+                # Every renewal from now on waits for the lock: the run must be stopped
+                # a margin before its last lease (renewed before the lock) runs out.
+                await eventually(lambda: _true(lambda: stopped), timeout=2 * lease)
+            finally:
+                probe.release()
+    finally:
+        probe.close()
+    assert stopped[0] - held < lease, "the run went on past its lease"
