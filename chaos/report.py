@@ -139,6 +139,23 @@ HISTORY = [
     "`sigstop-zombie`, `pg-restart-short`, `pg-restart-long`, `clock-skew`, `limits-kill`, "
     "`isolated-crash`, `sigterm-handback`, `recovery-defaults` (kill→rescued 30-32 s "
     "with the default 30 s lease and 5 s rescue interval).",
+    "",
+    "## What the suite found on a busy machine (2026-11-24)",
+    "",
+    "Beside `stress-ng --cpu 2` (CI's `.ci/run` on a fresh clone), `sigterm-handback` on "
+    "SQLite reported 8 violations: jobs ran in two workers at once, overlapping by up to "
+    "37 ms, and the older runs' checkpoints were refused. Repeated beside a CPU hog and "
+    "other agents' disk-heavy work, with `/proc/locks` polled for SQLite's WAL write lock: "
+    "a commit held that lock through an fsync for up to 5 s, every other worker's "
+    "heartbeat waited for it, and the heartbeat thread, blocked in its beat, could not "
+    "stop runs whose leases ran out meanwhile. Fixed: the heartbeat goes on stopping runs "
+    "while a beat waits, and wakes at each run's stop time rather than a tick later; "
+    "SQLite writers take the write lock by steady short tries (SQLite's busy handler "
+    "backs off to 100 ms, so a long waiter lost the lock to fresh ones); a handler "
+    "abandoned at shutdown hands its job back runnable only once its lease would have run "
+    "out. `sigterm-handback` now runs with a 6 s lease: with 2 s, a 5 s stalled commit "
+    "made every worker lose its leases (stopped in time, then rescued), spending "
+    "attempts that scenario forbids; lost leases are the other scenarios' subject.",
 ]
 
 
