@@ -149,13 +149,15 @@ HISTORY = [
     "a commit held that lock through an fsync for up to 5 s, every other worker's "
     "heartbeat waited for it, and the heartbeat thread, blocked in its beat, could not "
     "stop runs whose leases ran out meanwhile. Fixed: the heartbeat goes on stopping runs "
-    "while a beat waits, and wakes at each run's stop time rather than a tick later; "
-    "SQLite writers take the write lock by steady short tries (SQLite's busy handler "
-    "backs off to 100 ms, so a long waiter lost the lock to fresh ones); a handler "
-    "abandoned at shutdown hands its job back runnable only once its lease would have run "
+    "while a beat waits, and wakes at each run's stop time rather than a tick later; a "
+    "handler abandoned at shutdown hands its job back runnable only once its lease would have run "
     "out. `sigterm-handback` now runs with a 6 s lease: with 2 s, a 5 s stalled commit "
     "made every worker lose its leases (stopped in time, then rescued), spending "
-    "attempts that scenario forbids; lost leases are the other scenarios' subject.",
+    "attempts that scenario forbids; lost leases are the other scenarios' subject. "
+    "Tried and undone: taking SQLite's write lock by tries every millisecond instead "
+    "of SQLite's busy handler (which backs off to 100 ms, so a long waiter loses the "
+    "lock to fresh ones): beside the same CPU hog, five idle workers' writes then "
+    "stalled for up to 7 s and an every-second cron test missed ticks.",
 ]
 
 

@@ -34,35 +34,6 @@ def switch_to_wal(conn: sqlite3.Connection) -> str:
         pause = min(pause * 2, 0.1)
 
 
-def begin_immediate(conn: sqlite3.Connection) -> None:
-    """``BEGIN IMMEDIATE``: take the write lock, trying again every millisecond or so.
-
-    SQLite's own busy handler waits longer and longer between its tries (up to 100 ms
-    each), so a writer that has waited a while loses the lock, again and again, to the
-    writers that just began waiting: on a busy machine a worker's heartbeat waited for
-    seconds while other processes wrote, and its leases ran out. Tries at a steady short
-    interval keep every waiter's odds the same. Gives up after the busy timeout.
-    """
-    conn.execute("PRAGMA busy_timeout = 0")
-    try:
-        deadline = 0.0
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                now = time.monotonic()
-                if not deadline:
-                    deadline = now + BUSY_TIMEOUT_MS / 1000
-                elif now > deadline:
-                    raise
-            time.sleep(0.0005 + random.random() * 0.001)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-
-
 def connect(path_name: str) -> sqlite3.Connection:
     """Open the file in WAL mode, or raise an error that says what to do."""
     path = Path(path_name)

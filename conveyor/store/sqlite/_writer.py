@@ -26,7 +26,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from conveyor.store.sqlite._connection import begin_immediate
 from conveyor.store.sqlite._errors import rollback
 
 T = TypeVar("T")
@@ -131,7 +130,7 @@ class GroupWriter:
         """Run ``writes`` in one transaction, each in a savepoint of its own when there are
         several; set their results once it has committed. Raises when nothing was."""
         conn = self._conn
-        begin_immediate(conn)
+        conn.execute("BEGIN IMMEDIATE")
         try:
             done = [w for w in writes if _attempt(conn, w, len(writes) > 1)]
         except BaseException:
