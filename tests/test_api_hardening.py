@@ -39,6 +39,8 @@ async def bearer(app: Conveyor, tenant: str, role: str = "write") -> dict[str, s
 
 
 def client_of(app: Conveyor, options: ApiOptions | None = None) -> httpx.AsyncClient:
+    # A database timeout a loaded machine keeps within, but where a test is about it.
+    options = options or ApiOptions(db_timeout=10.0)
     transport = httpx.ASGITransport(app=create_api(app, options=options))
     return httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60)
 
@@ -202,7 +204,9 @@ async def test_long_polls_are_capped_per_token_and_in_total(app: Conveyor) -> No
     job = await app.submit("add", {"a": 1, "b": 2}, tenant="acme")
     one, two = await bearer(app, "acme", "read"), await bearer(app, "acme", "read")
     ops = await bearer(app, "ops", "admin")  # reads the server's own series
-    options = ApiOptions(max_long_polls=3, max_long_polls_per_token=2, wait_tick=0.05)
+    options = ApiOptions(
+        max_long_polls=3, max_long_polls_per_token=2, wait_tick=0.05, db_timeout=10.0
+    )
     async with client_of(app, options) as c:
         url = f"/jobs/{job.id.removeprefix('acme/')}?wait=30"  # acme's name for its job
         waiting = [asyncio.create_task(c.get(url, headers=one)) for _ in range(2)]
@@ -266,7 +270,7 @@ async def test_docs_serve_local_assets_and_the_document_needs_a_token(app: Conve
         assert (await c.get("/openapi.json")).status_code == 401
         document = await c.get("/openapi.json", headers=read)
         assert document.status_code == 200 and "/jobs" in document.json()["paths"]
-    async with client_of(app, ApiOptions(docs=False)) as c:
+    async with client_of(app, ApiOptions(docs=False, db_timeout=10.0)) as c:
         assert (await c.get("/docs")).status_code == 404
 
 
@@ -293,7 +297,7 @@ async def test_with_postgresql_gone_the_api_answers_503_within_its_timeout(
     try:
         read = await bearer(app, "acme", "read")
         job = await app.submit("add", {"a": 1, "b": 2}, tenant="acme")
-        async with client_of(app) as c:
+        async with client_of(app, ApiOptions()) as c:
             assert (await c.get("/health/ready")).status_code == 200
             assert (await c.get(f"/jobs/{job.id}", headers=read)).status_code == 200
             relay.cut()
@@ -314,7 +318,7 @@ async def test_with_the_sqlite_file_locked_the_api_answers_503_within_its_timeou
     try:
         _, secret = await app.create_token(tenant="acme", role="read")
         read = {"Authorization": f"Bearer {secret}"}
-        async with client_of(app) as c:
+        async with client_of(app, ApiOptions()) as c:
             # Another process holds the write lock: the first use of a token records it.
             other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             try:
@@ -336,7 +340,7 @@ async def test_pages_stop_at_the_byte_limit_and_clients_follow_them(app: Conveyo
     for n in range(12):
         await app.submit("explode", {"message": f"{n:02d}" + "x" * 30_000}, tenant="acme")
     read = await bearer(app, "acme", "read")
-    options = ApiOptions(max_page_bytes=64 * 1024)
+    options = ApiOptions(max_page_bytes=64 * 1024, db_timeout=10.0)
     async with client_of(app, options) as c:
         seen: list[str] = []
         url: str | None = "/jobs?limit=1000"
