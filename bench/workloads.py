@@ -14,6 +14,7 @@ To add a workload, write the function and decorate it with ``@workload``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -263,6 +264,7 @@ def conveyor_fanout(backend: str, url: str, sizes: Sizes) -> Metrics:
         url,
         jobs=sizes.fanout_jobs,
         concurrency=sizes.concurrency,
-        processes=4,
+        # BENCH_FANOUT_PROCESSES=N: that many worker processes instead of 4.
+        processes=int(os.environ.get("BENCH_FANOUT_PROCESSES", "4")),
         read_gap=0.05,
     )
