@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from conveyor import Conveyor, JobContext
@@ -12,6 +13,9 @@ app = Conveyor(os.environ.get("CONVEYOR_DATABASE_URL", "sqlite:///conveyor-test-
 @app.job()
 async def steady(ctx: JobContext, i: int) -> int:
     ctx.log.debug("steady %d", i)
+    # A little time each, so that no one worker drains them all before the others' first
+    # claims on a loaded machine (SQLite's write lock favours the worker that just wrote).
+    await asyncio.sleep(0.02)
     return i
 
 
