@@ -53,6 +53,7 @@ from conveyor.store.postgres._codec import (
     heartbeat_params,
     job_of_row,
     on_database,
+    returned_rows,
     run_steps,
     run_steps_sync,
     settle_params,
@@ -277,7 +278,7 @@ class PostgresStore(SharedReads):
 
             def execute(name: str, params: dict[str, Any]) -> list[Any]:
                 cursor.execute(_Q[name], params | {"now": now})
-                return cursor.fetchall() if cursor.description is not None else []
+                return cursor.fetchall() if returned_rows(cursor) else []
 
             return scripts.drive(script, execute)
 
@@ -296,7 +297,7 @@ class PostgresStore(SharedReads):
                     step = next(script)
                     while True:
                         await cursor.execute(_Q[step[0]], step[1] | {"now": now})
-                        rows = await cursor.fetchall() if cursor.description else []
+                        rows = await cursor.fetchall() if returned_rows(cursor) else []
                         step = script.send(rows)
                 except StopIteration as done:
                     result: T = done.value
