@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import os
 import re
@@ -28,7 +29,7 @@ import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from bench.db import Db, connect
 from bench.measure import (
@@ -91,27 +92,13 @@ def _drain(backend: str, url: str, processes: int, concurrency: int) -> None:
     workers = Workers(url)
     with connect(backend, url) as db:
         _prepare(db)
-        # BENCH_FANOUT_NICE=N starts the workers under `nice -n N`, and on PostgreSQL
-        # renices the server processes serving them too: the reader's times without the
-        # wait for a CPU that busy workers on two cores impose on any read (as when the
-        # reader, a dashboard or an API, has a core of its own).
-        # BENCH_FANOUT_IDLE=1 goes further: the workers and their server processes run
-        # under SCHED_IDLE, so a read always takes a CPU from them at once (nice only
-        # weighs their share: a waking reader may still wait out their time slice).
-        nice = os.environ.get("BENCH_FANOUT_NICE")
-        idle = os.environ.get("BENCH_FANOUT_IDLE") == "1"
-        prefix: tuple[str, ...] = ()
-        if idle:
-            prefix = ("chrt", "--idle", "0")
-        elif nice:
-            prefix = ("nice", "-n", nice)
-        demote = _demoter(nice, idle)
-        renicer = _Renicer(url, demote) if demote and backend == "postgres" else None
+        placing = _Placing.from_environment()
+        renicer = _Renicer(url, placing) if placing.active and backend == "postgres" else None
         try:
             if renicer is not None:
                 renicer.start()
             started = [
-                workers.start(concurrency=concurrency, burst=True, prefix=prefix)
+                workers.start(concurrency=concurrency, burst=True, prefix=placing.prefix)
                 for _ in range(processes)
             ]
             _wait_registered(db, workers, started)
@@ -134,24 +121,61 @@ def _as_reader(url: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}application_name={READER}"
 
 
-def _demoter(nice: str | None, idle: bool) -> Callable[[int], None] | None:
-    """What gives a process the workers' lower priority (None: nothing to do)."""
-    if idle:
-        return lambda pid: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-    if nice:
-        return lambda pid: os.setpriority(os.PRIO_PROCESS, pid, int(nice))
-    return None
+@dataclass(frozen=True)
+class _Placing:
+    """Where the drain's processes run beside the reader's, from the environment.
+
+    The reader's times without the wait for a CPU that busy workers on two cores impose
+    on any read (as when the reader, a dashboard or an API, has a core of its own):
+
+    - ``BENCH_FANOUT_NICE=N``: the workers run under ``nice -n N``, and on PostgreSQL the
+      server processes serving them are reniced too;
+    - ``BENCH_FANOUT_IDLE=1``: the workers and their server processes run under
+      SCHED_IDLE, so a read takes a CPU from them at once (nice only weighs their share);
+    - ``BENCH_FANOUT_SPLIT=1``: the workers and their server processes run on CPU 1 only,
+      the reader's thread and its server processes on CPU 0 only. (Moving the server's
+      own processes, the WAL writer's and others, to CPU 1 as well made the reads' tails
+      longer, not shorter: their locks were then held by processes waiting for CPU 1.)
+    """
+
+    prefix: tuple[str, ...] = ()
+    demote: Callable[[int], None] | None = None  # a worker's server process
+    promote: Callable[[int], None] | None = None  # the reader's (and its thread: 0)
+
+    @property
+    def active(self) -> bool:
+        return self.demote is not None or self.promote is not None
+
+    @classmethod
+    def from_environment(cls) -> _Placing:
+        if os.environ.get("BENCH_FANOUT_SPLIT") == "1":
+            return cls(
+                ("taskset", "-c", "1"),
+                lambda pid: os.sched_setaffinity(pid, {1}),
+                lambda pid: os.sched_setaffinity(pid, {0}),
+            )
+        if os.environ.get("BENCH_FANOUT_IDLE") == "1":
+            return cls(
+                ("chrt", "--idle", "0"),
+                lambda pid: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+            )
+        if nice := os.environ.get("BENCH_FANOUT_NICE"):
+            return cls(
+                ("nice", "-n", nice),
+                lambda pid: os.setpriority(os.PRIO_PROCESS, pid, int(nice)),
+            )
+        return cls()
 
 
 class _Renicer(threading.Thread):
-    """Gives the server processes of every connection but the reader's the workers'
-    priority, every 0.2 s (the workers open connections as they go)."""
+    """Places the server processes of the workers' connections and of the reader's as
+    ``placing`` says, every 0.2 s (the workers open connections as they go)."""
 
-    def __init__(self, url: str, demote: Callable[[int], None]) -> None:
+    def __init__(self, url: str, placing: _Placing) -> None:
         super().__init__(name="fanout-renicer", daemon=True)
-        self.url, self.demote = url, demote
+        self.url, self.placing = url, placing
         self.stop = threading.Event()
-        self.reniced: set[int] = set()
+        self.placed: set[int] = set()
 
     def run(self) -> None:
         import psycopg
@@ -160,18 +184,33 @@ class _Renicer(threading.Thread):
             mine = conn.info.backend_pid
             while not self.stop.wait(0.2):
                 rows = conn.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND backend_type = 'client backend' AND application_name <> %s",
+                    "SELECT pid, application_name = %s FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND backend_type = 'client backend'",
                     (READER,),
                 ).fetchall()
-                for (pid,) in rows:
-                    if pid == mine or pid in self.reniced:
+                for pid, reader in rows:
+                    place = self.placing.promote if reader else self.placing.demote
+                    if pid == mine or pid in self.placed or place is None:
                         continue
                     try:
-                        self.demote(pid)
+                        place(pid)
                     except (PermissionError, ProcessLookupError):
                         continue
-                    self.reniced.add(pid)
+                    self.placed.add(pid)
+
+
+class _Collections:
+    """The time this process has spent collecting garbage (a gc callback)."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.ms += (time.perf_counter() - self._started) * 1000
 
 
 class _Reader(threading.Thread):
@@ -185,14 +224,23 @@ class _Reader(threading.Thread):
         self.server_ms: list[float] = []
         self.bare_ms: list[float] = []
         self.inconsistent = 0
+        self.slow = 0  # root reads over 5 ms
+        self.slow_in_gc = 0  # those during which Python collected garbage (any thread)
+        self.gc = _Collections()
         self.failure: BaseException | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
+        promote = _Placing.from_environment().promote
+        if promote is not None:
+            promote(0)  # this thread
+        gc.callbacks.append(self.gc)
         try:
             asyncio.run(self._read())
         except BaseException as exc:  # reported by the workload, not lost in the thread
             self.failure = exc
+        finally:
+            gc.callbacks.remove(self.gc)
 
     async def _read(self) -> None:
         app = await _open(_as_reader(self.url))
@@ -212,9 +260,13 @@ class _Reader(threading.Thread):
             # pays the wake-up of an idle connection and thread, which is not the root's.
             if turn % 2:
                 await self._read_plain(app)
-            before = time.perf_counter()
+            before, collected = time.perf_counter(), self.gc.ms
             root = await app.get(ROOT)
-            self.ms.append((time.perf_counter() - before) * 1000)
+            took = (time.perf_counter() - before) * 1000
+            self.ms.append(took)
+            if took > 5.0:
+                self.slow += 1
+                self.slow_in_gc += self.gc.ms > collected
             below = root.below
             if (
                 below is None
@@ -320,5 +372,7 @@ def fanout(
         "plain_read_ms_median": statistics.median(reader.plain_ms),
         "plain_read_ms_p95": _percentile(reader.plain_ms, 95),
         "reads": float(len(reader.ms)),
+        "reads_over_5ms": float(reader.slow),
+        "of_which_during_gc": float(reader.slow_in_gc),
         "inconsistent_reads": float(reader.inconsistent),
     }
