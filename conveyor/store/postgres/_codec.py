@@ -70,7 +70,7 @@ def fetch_jobs(conn: psycopg.Connection[Any], query: str, params: Mapping[str, A
         result = cursor.pgresult
         if not rows or result is None:
             return []
-        pick = job_picker(tuple(result.fname(i).decode() for i in range(result.nfields)))
+        pick = job_picker(tuple((result.fname(i) or b"").decode() for i in range(result.nfields)))
         return [_job_of(*pick(row)) for row in rows]
 
 
