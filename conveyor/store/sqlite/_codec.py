@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.core.jsontext import compact
+from conveyor.core.jsontext import compact, loads
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress
 from conveyor.store._queries import load_queries
@@ -98,24 +98,6 @@ def job_of_row(row: Any) -> Job:
 
 def _at(value: float) -> datetime:
     return datetime.fromtimestamp(value, UTC)
-
-
-_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def loads(text: str) -> JSON:
-    """``json.loads`` for documents conveyor wrote itself, in half the time.
-
-    ``json.loads`` wraps the C scanner in two regular-expression matches for the
-    whitespace around the document; the payloads and results conveyor stores have none.
-    Text that is not one whole document is left to ``json.loads``, which reads it (or
-    raises) as it always did.
-    """
-    try:
-        value, end = _scan(text, 0)
-    except StopIteration:
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
 
 
 def _job_of(
