@@ -105,6 +105,24 @@ async def test_a_job_submitted_in_a_committed_transaction_runs(app: Conveyor, ur
     assert sorted(app.seen) == [f"order 2, mail {i}" for i in range(3)]  # type: ignore[attr-defined]
 
 
+async def test_an_application_connection_that_reads_json_as_text_still_reads_jobs_right(
+    app: Conveyor, url: str
+) -> None:
+    # Django registers a text loader for json on its connections: conveyor's rows are read
+    # with conveyor's loaders whatever the application's are.
+    from psycopg.types.string import TextLoader
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        conn.adapters.register_loader("json", TextLoader)
+        first = await app.submit("remember", {"note": "once"}, id="order-3", connection=conn)
+        again = await app.submit("remember", {"note": "once"}, id="order-3", connection=conn)
+        assert (await (await conn.execute("SELECT payload FROM conveyor_jobs")).fetchone()) == (
+            '{"note":"once"}',
+        )
+    assert again.id == first.id
+    assert again.record.payload == {"note": "once"}  # read back from the row
+
+
 async def test_an_autocommit_connection_commits_the_submit_on_its_own(
     app: Conveyor, url: str
 ) -> None:
