@@ -308,19 +308,17 @@ class PostgresStore(SharedReads):
 
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
-        our_loaders(conn.adapters)
         conn.execute(_Q["session_settings"])
-        OUR_CONNECTIONS.add(conn)
-        self._connected_again()
+        self._connected_again(conn)
 
     async def _connected(self, conn: Connection) -> None:
         """Set up a new pooled connection (and do not log its routine discarding)."""
-        our_loaders(conn.adapters)
         await conn.execute(_Q["session_settings"])
-        OUR_CONNECTIONS.add(conn)
-        self._connected_again()
+        self._connected_again(conn)
 
-    def _connected_again(self) -> None:
+    def _connected_again(self, conn: SyncConnection | Connection) -> None:
+        our_loaders(conn.adapters)
+        OUR_CONNECTIONS.add(conn)
         if self._reconnecting:
             self._reconnecting = False
             log.warning("connected again to %s", self._where())
