@@ -88,11 +88,10 @@ def _rate(db: Db, where: str, params: tuple[object, ...]) -> tuple[float, int]:
     return int(n) / (float(last) - float(first)), int(n)
 
 
-def _drain(backend: str, url: str, processes: int, concurrency: int) -> None:
+def _drain(backend: str, url: str, processes: int, concurrency: int, placing: _Placing) -> None:
     workers = Workers(url)
     with connect(backend, url) as db:
         _prepare(db)
-        placing = _Placing.from_environment()
         renicer = _Renicer(url, placing) if placing.active and backend == "postgres" else None
         try:
             if renicer is not None:
@@ -216,9 +215,9 @@ class _Collections:
 class _Reader(threading.Thread):
     """Reads the root every ``gap`` seconds until it ends; times each read."""
 
-    def __init__(self, url: str, total: int, gap: float) -> None:
+    def __init__(self, url: str, total: int, gap: float, placing: _Placing) -> None:
         super().__init__(name="fanout-reader", daemon=True)
-        self.url, self.total, self.gap = url, total, gap
+        self.url, self.total, self.gap, self.placing = url, total, gap, placing
         self.ms: list[float] = []
         self.plain_ms: list[float] = []
         self.server_ms: list[float] = []
@@ -231,7 +230,7 @@ class _Reader(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        promote = _Placing.from_environment().promote
+        promote = self.placing.promote
         if promote is not None:
             promote(0)  # this thread
         gc.callbacks.append(self.gc)
@@ -330,14 +329,15 @@ def fanout(
     the time to read the root's counts during the tree's drain."""
     migrate(url)
     tree_first = next(_runs) % 2 == 1
-    reader = _Reader(url, jobs, read_gap)
+    placing = _Placing.from_environment()
+    reader = _Reader(url, jobs, read_gap, placing)
     for part in ("tree", "flat") if tree_first else ("flat", "tree"):
         if part == "tree":
             asyncio.run(_make_tree(url, jobs))
             reader.start()
         else:
             asyncio.run(_submit_noops(url, jobs))
-        _drain(backend, url, processes, concurrency)
+        _drain(backend, url, processes, concurrency, placing)
         if part == "tree":
             reader.join(_RUN_TIMEOUT)
             reader.stop.set()

@@ -309,14 +309,14 @@ class PostgresStore(SharedReads):
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
         conn.execute(_Q["session_settings"])
-        self._connected_again(conn)
+        self._set_up(conn)
 
     async def _connected(self, conn: Connection) -> None:
         """Set up a new pooled connection (and do not log its routine discarding)."""
         await conn.execute(_Q["session_settings"])
-        self._connected_again(conn)
+        self._set_up(conn)
 
-    def _connected_again(self, conn: SyncConnection | Connection) -> None:
+    def _set_up(self, conn: SyncConnection | Connection) -> None:
         our_loaders(conn.adapters)
         OUR_CONNECTIONS.add(conn)
         if self._reconnecting:
