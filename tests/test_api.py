@@ -549,7 +549,7 @@ async def test_mounted_api_and_job_accepted_in_an_application(
     app: Conveyor, tokens: dict[str, dict[str, str]]
 ) -> None:
     main = FastAPI()
-    main.mount("/conveyor", create_api(app))
+    main.mount("/conveyor", create_api(app, options=ApiOptions(db_timeout=10.0)))
 
     @main.post("/sums")
     async def sums(a: int, b: int) -> Any:

@@ -25,7 +25,7 @@ async def app(db_url: str) -> AsyncIterator[Conveyor]:
 
 @pytest.fixture
 def api(app: Conveyor) -> FastAPI:
-    return create_api(app, options=ApiOptions(max_body_bytes=1024 * 1024))
+    return create_api(app, options=ApiOptions(max_body_bytes=1024 * 1024, db_timeout=10.0))
 
 
 @pytest.fixture

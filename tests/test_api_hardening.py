@@ -183,7 +183,7 @@ def _series(text: str) -> int:
 async def test_made_up_methods_leave_the_metrics_series_count_unchanged(tmp_path: Any) -> None:
     app = build(f"sqlite:///{tmp_path / 'metrics.db'}")  # no storage involved: one backend
     read = await bearer(app, "acme", "admin")  # the server's own series are an admin's
-    api = create_api(app)
+    api = create_api(app, options=ApiOptions(db_timeout=10.0))
     transport = httpx.ASGITransport(app=api)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
         assert await _call(api, "BREW") == 405  # the label of any made-up method exists now
