@@ -243,13 +243,14 @@ class JobTester:
 
     async def _burst(self, queues: Sequence[str] | None) -> int:
         # Short polls, so that a drain ends promptly once nothing is due; cron ticks
-        # fire when the test moves time (advance), not on a timer.
+        # fire when the test moves time (advance), never in a drain: a clock moved by
+        # hand past a tick must not make a drain's outcome depend on the time of day.
         options = WorkerOptions(
             burst=True,
             queues=tuple(queues) if queues else None,
             poll_interval=0.02,
             rescue_interval=0.05,
-            cron_interval=3600.0,
+            fire_schedules=False,
             prune_interval=3600.0,
             grace=5.0,
             cancel_grace=1.0,

@@ -109,6 +109,9 @@ class WorkerOptions:
     prune_interval: float = 60.0
     retention: Retention | None = None  # None: the defaults with the job types' overrides
     burst: bool = False
+    # Whether this worker fires due schedule ticks (False: a JobTester's, whose ticks fire
+    # only when the test moves time with advance()).
+    fire_schedules: bool = True
     worker_id: str | None = None
     # Count attempts into the application's metrics (off only to measure what they cost).
     metrics: bool = True
@@ -424,15 +427,15 @@ class Worker:
                 Pruner(store, self.app.retention(options.retention)),
             ),
         )
-        # Cron keeps to the wall clock: it sleeps to the next tick, not a fixed interval.
-        cron = on_the_clock(CronFirer(store, interval=options.cron_interval), stop)
-        return [
-            *(
-                asyncio.create_task(every(interval, duty, stop), name=name)
-                for name, interval, duty in duties
-            ),
-            asyncio.create_task(cron, name="conveyor-cron"),
+        tasks = [
+            asyncio.create_task(every(interval, duty, stop), name=name)
+            for name, interval, duty in duties
         ]
+        if options.fire_schedules:
+            # Cron keeps to the wall clock: it sleeps to the next tick, not a fixed interval.
+            cron = on_the_clock(CronFirer(store, interval=options.cron_interval), stop)
+            tasks.append(asyncio.create_task(cron, name="conveyor-cron"))
+        return tasks
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully (thread-safe)."""

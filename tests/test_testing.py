@@ -7,12 +7,13 @@ import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from conveyor import Conveyor, JobContext, Status
-from conveyor.testing import JobTester
+from conveyor.testing import FakeClock, JobTester
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +69,22 @@ async def test_drain_runs_due_jobs_and_what_they_spawn(jobs: JobTester) -> None:
     assert (await later.refresh()).status is Status.QUEUED
     jobs.clock.advance("5m")
     assert (await jobs.drain()).succeeded == [later.id]
+
+
+async def test_a_drain_never_fires_a_schedule_tick_only_advance_does(db_url: str) -> None:
+    # Three minutes before the nightly tick (02:00): moving the clock by hand past it and
+    # draining runs the delayed job alone, whatever the time of day the test runs at.
+    start = datetime(2026, 3, 4, 1, 57, tzinfo=UTC).timestamp()
+    ran.clear()
+    async with JobTester(app, db_url, clock=FakeClock(start=start)) as jobs:
+        later = await app.submit("receipt", {"order": 2}, delay="5m")
+        assert (await jobs.drain()).ended == []  # its worker saw the schedule's next tick
+        jobs.clock.advance("5m")
+        assert (await jobs.drain()).succeeded == [later.id]
+        assert ran == ["receipt 2"]
+        fired = await jobs.advance("1d")  # the next nightly tick fires when asked
+        assert len(fired) == 1 and fired[0].startswith("cron:nightly:2026-03-0")
+        assert (await jobs.drain()).succeeded == fired
 
 
 async def test_drain_with_advance_carries_retries_to_the_end(jobs: JobTester) -> None:
