@@ -9,11 +9,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from conveyor import Conveyor
+from conveyor.web import ApiOptions, create_api
+
+# A database deadline a loaded machine keeps within: the default 0.5 s for a token or
+# health check can pass on a busy CI box, and a 503 is not what most tests are about.
+LOADED_DB_TIMEOUT = 10.0
+
+
+def api_for_tests(app: Conveyor, **options: Any) -> FastAPI:
+    """The REST API of ``app`` with ``options``, and a generous database deadline unless
+    ``db_timeout`` is given (the tests of the deadline itself give it)."""
+    return create_api(app, options=ApiOptions(**{"db_timeout": LOADED_DB_TIMEOUT, **options}))
 
 
 class ServerThread:

@@ -13,8 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor import Conveyor, Status
-from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 from tests.helpers import eventually, running_worker
 from tests.processes import WorkerProcesses
@@ -29,9 +28,7 @@ async def app(db_url: str) -> AsyncIterator[Conveyor]:
 
 @pytest.fixture
 def api(app: Conveyor) -> FastAPI:
-    # A generous db_timeout: on a loaded CI box twenty token checks at once can take longer
-    # than the default 0.5 s, and a 503 is not what these tests are about.
-    return create_api(app, options=ApiOptions(wait_tick=0.02, db_timeout=10))
+    return api_for_tests(app, wait_tick=0.02)
 
 
 @pytest.fixture
@@ -549,7 +546,7 @@ async def test_mounted_api_and_job_accepted_in_an_application(
     app: Conveyor, tokens: dict[str, dict[str, str]]
 ) -> None:
     main = FastAPI()
-    main.mount("/conveyor", create_api(app, options=ApiOptions(db_timeout=10.0)))
+    main.mount("/conveyor", api_for_tests(app))
 
     @main.post("/sums")
     async def sums(a: int, b: int) -> Any:

@@ -14,9 +14,9 @@ from fastapi.routing import APIRoute
 
 from conveyor import Conveyor
 from conveyor.core.auth import Role
-from conveyor.web import ApiOptions, create_api
 from conveyor.web._api import router
 from conveyor.web._auth import ROLE_KEY
+from tests.apiserver import api_for_tests
 from tests.apps.api import build
 
 CALLERS = ["none", "bad", "revoked", "other_tenant", "read", "write", "admin"]
@@ -119,7 +119,7 @@ async def test_every_route_for_every_caller(app: Conveyor) -> None:
         if caller == "revoked":
             await app.revoke_token(token.id)
     secrets["bad"] = "cvt_000000000000_" + "x" * 43
-    api = create_api(app, options=ApiOptions(db_timeout=10.0))  # a loaded machine: no 503s
+    api = api_for_tests(app)
     transport = httpx.ASGITransport(app=api)
     mismatches = []
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:

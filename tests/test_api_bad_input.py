@@ -11,8 +11,7 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor import Conveyor
-from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 
 
@@ -25,7 +24,7 @@ async def app(db_url: str) -> AsyncIterator[Conveyor]:
 
 @pytest.fixture
 def api(app: Conveyor) -> FastAPI:
-    return create_api(app, options=ApiOptions(max_body_bytes=1024 * 1024, db_timeout=10.0))
+    return api_for_tests(app, max_body_bytes=1024 * 1024)
 
 
 @pytest.fixture

@@ -20,8 +20,7 @@ from click.testing import CliRunner
 from conveyor import Conveyor
 from conveyor.cli import main
 from conveyor.core.model import NewJob
-from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.processes import ROOT
 
 APP = "tests.apps.api:app"
@@ -175,7 +174,7 @@ def test_jobs_list_shows_the_same_jobs_locally_and_through_a_server(db_url: str)
 
     secret = asyncio.run(a_tree())
     ids = ["tree-root", "tree-leaf"]
-    with serving(app, create_api(app, options=ApiOptions(db_timeout=10.0))) as server:
+    with serving(app, api_for_tests(app)) as server:
         remote = ("--url", server.base_url, "--token", secret)
         for flags, expected in (((), {"tree-root"}), (("--include-children",), set(ids))):
             code, local_out, err = cli("jobs", "list", *flags, "--database-url", db_url)

@@ -21,7 +21,7 @@ from conveyor import Conveyor
 from conveyor.errors import ConfigurationError, InvalidPayload
 from conveyor.remote import RemoteClient
 from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 from tests.servers import Relay
 
@@ -40,8 +40,8 @@ async def bearer(app: Conveyor, tenant: str, role: str = "write") -> dict[str, s
 
 def client_of(app: Conveyor, options: ApiOptions | None = None) -> httpx.AsyncClient:
     # A database timeout a loaded machine keeps within, but where a test is about it.
-    options = options or ApiOptions(db_timeout=10.0)
-    transport = httpx.ASGITransport(app=create_api(app, options=options))
+    api = create_api(app, options=options) if options else api_for_tests(app)
+    transport = httpx.ASGITransport(app=api)
     return httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60)
 
 
@@ -183,7 +183,7 @@ def _series(text: str) -> int:
 async def test_made_up_methods_leave_the_metrics_series_count_unchanged(tmp_path: Any) -> None:
     app = build(f"sqlite:///{tmp_path / 'metrics.db'}")  # no storage involved: one backend
     read = await bearer(app, "acme", "admin")  # the server's own series are an admin's
-    api = create_api(app, options=ApiOptions(db_timeout=10.0))
+    api = api_for_tests(app)
     transport = httpx.ASGITransport(app=api)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
         assert await _call(api, "BREW") == 405  # the label of any made-up method exists now

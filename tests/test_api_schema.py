@@ -12,8 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from conveyor import Conveyor
-from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 
 EXAMPLES_PER_OPERATION = 15
@@ -31,7 +30,7 @@ async def test_every_operation_conforms_to_the_openapi_document(app: Conveyor) -
     job = await app.submit("add", {"a": 1, "b": 2}, tenant="acme")
     done = await app.submit("add", {"a": 3, "b": 4}, tenant="acme")
     await app.cancel(done.id)
-    api = create_api(app, options=ApiOptions(db_timeout=10.0))  # a loaded machine: no 503s
+    api = api_for_tests(app)
     with serving(app, api) as server:
         failures = await asyncio.to_thread(
             _run_schemathesis, server.base_url, secret, [job.id, done.id]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conveyor import Conveyor, JobContext, Status, Submission
-from conveyor.web import ApiOptions, create_api
+from tests.apiserver import api_for_tests
 from tests.helpers import running_worker, settled
 
 
@@ -36,9 +36,7 @@ async def app(db_url: str) -> AsyncIterator[Conveyor]:
 async def test_a_bulk_job_over_http_counts_lists_retries_and_reopens(app: Conveyor) -> None:
     token, secret = await app.create_token(tenant="acme", role="write", name="w")
     auth = {"Authorization": f"Bearer {secret}"}
-    transport = httpx.ASGITransport(
-        app=create_api(app, options=ApiOptions(wait_tick=0.02, db_timeout=10.0))
-    )
+    transport = httpx.ASGITransport(app=api_for_tests(app, wait_tick=0.02))
     async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=auth) as c:
         r = await c.post("/jobs", json={"type": "bulk", "payload": {"n": 4}})
         assert r.status_code == 202

@@ -16,24 +16,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from conveyor import Conveyor, Status
 from conveyor.core.model import NewJob
-from conveyor.web import ApiOptions, create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 
 from .apps.cli import app as cli_app
 from .helpers import eventually, running_worker, settled
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cli:app"
-
-
-def _api(app: Conveyor) -> FastAPI:
-    """The REST API of ``app`` with a generous database deadline: the default 0.5 s for a
-    token or health check can pass on a loaded machine, and these tests are not about it."""
-    return create_api(app, options=ApiOptions(db_timeout=10.0))
 
 
 def _env() -> dict[str, str]:
@@ -135,7 +127,7 @@ async def test_status_gives_the_verdict_and_counts_of_health_ready(
 ) -> None:
     await app.submit("build_report", {"months": 1})
     _, secret = await app.create_token(tenant="ops", role="admin")
-    transport = httpx.ASGITransport(app=_api(app))
+    transport = httpx.ASGITransport(app=api_for_tests(app))
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         admin = {"Authorization": f"Bearer {secret}"}
         ready = (await client.get("/health/ready", headers=admin)).json()
@@ -396,7 +388,7 @@ def test_through_a_server_json_and_hints_work_and_httpx_logs_nothing(db_url: str
         return "remote-job", secret
 
     job_id, secret = asyncio.run(prepare())
-    with serving(app, _api(app)) as server:
+    with serving(app, api_for_tests(app)) as server:
         remote = ("--url", server.base_url, "--token", secret)
         listed = cli("jobs", "list", "--json", *remote)
         shown = cli("jobs", "show", job_id, *remote)
@@ -409,7 +401,7 @@ def test_through_a_server_json_and_hints_work_and_httpx_logs_nothing(db_url: str
 
 async def test_rest_422_for_an_unknown_type_speaks_to_the_api_client(app: Conveyor) -> None:
     _, secret = await app.create_token(tenant="default", role="write")
-    transport = httpx.ASGITransport(app=_api(app))
+    transport = httpx.ASGITransport(app=api_for_tests(app))
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         r = await client.post(
             "/jobs",
