@@ -168,7 +168,7 @@ async def test_workers_on_the_wall_clock_fire_every_tick_of_an_every_second_sche
             finally:
                 await store.close()
             first = ready.replace(microsecond=0) + timedelta(seconds=2)
-            window = _tick_ids("every-second", first, 30, 1)
+            window = _tick_ids("every-second", first, 15, 1)
             fired = await _wait_for_jobs(db_url, window, timeout=60)
         if fired == window:
             break
