@@ -8,10 +8,11 @@ not write: it polls a connection of its own every 2 ms, where a change is either
 connection's commit or the store's own.
 
 While the store writes (a draining worker commits every few milliseconds), the thread does
-not poll: each of the store's commits looks for others' anyway. Once the store goes quiet,
-the thread takes a new reading and has the store look once more, which covers a commit
-that came after the store's last look and before that reading; from then on a change is
-someone else's unless the store began a commit meanwhile.
+not poll: each of the store's commits looks for others' anyway. Once the store goes quiet
+(no commit begun since the last poll and none in flight: a COMMIT with its fsync may
+outlast a poll), the thread takes a new reading and has the store look once more, which
+covers a commit that came after the store's last look and before that reading; from then
+on a change is someone else's unless the store began a commit meanwhile.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
             quiet = True
             while not stop.wait(WATCH_INTERVAL):
                 begun = store._commits
-                if begun != mark:  # the store writes: its commits look for others'
+                if begun != mark or store._commits_ended != begun:
+                    # The store writes (its commits look for others'), or a commit of its
+                    # is in flight: a reading now could miss it and see it on the next.
                     mark, quiet = begun, False
                     continue
                 if not quiet:  # it stopped writing: a new reading, and one more look

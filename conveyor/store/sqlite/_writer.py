@@ -55,9 +55,9 @@ class _Write(Generic[T]):
 class GroupWriter:
     """Runs write transactions on the store's one thread, grouping those asked together.
 
-    ``before_commit`` runs on the store's thread just before each COMMIT, ``on_commit``
-    after each that succeeded, with the connection (the store counts its commits and
-    looks for other connections' there).
+    ``before_commit`` runs on the store's thread just before each COMMIT, ``after_commit``
+    once it has returned or failed, ``on_commit`` after each that succeeded, with the
+    connection (the store counts its commits and looks for other connections' there).
     """
 
     def __init__(
@@ -66,11 +66,13 @@ class GroupWriter:
         conn: sqlite3.Connection,
         *,
         before_commit: Callable[[], None],
+        after_commit: Callable[[], None],
         on_commit: Callable[[sqlite3.Connection], None],
     ) -> None:
         self._executor = executor
         self._conn = conn
         self._before_commit = before_commit
+        self._after_commit = after_commit
         self._on_commit = on_commit
         self._lock = threading.Lock()
         self._queue: list[_Write[Any]] = []
@@ -145,6 +147,8 @@ class GroupWriter:
         except BaseException:
             rollback(conn)
             raise
+        finally:
+            self._after_commit()
         self.groups += 1
         self.writes += len(done)
         self._on_commit(conn)

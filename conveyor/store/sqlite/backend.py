@@ -159,6 +159,7 @@ class SQLiteStore(SharedReads):
         self._watch: Watch | None = None
         self._writer: GroupWriter | None = None
         self._commits = 0  # commits begun (counted just before COMMIT)
+        self._commits_ended = 0  # commits that returned or failed
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -188,6 +189,11 @@ class SQLiteStore(SharedReads):
         # Counted before it shows in data_version: the watcher must not take this commit
         # for another connection's (a commit that fails stays counted: the store wrote).
         self._commits += 1
+
+    def _ended_commit(self) -> None:
+        # Counted once the commit shows in data_version, or failed: while the two counts
+        # differ, a commit of the store's is in flight and the watcher takes no reading.
+        self._commits_ended += 1
 
     def _committed(self, conn: sqlite3.Connection) -> None:
         watch = self._watch
@@ -252,6 +258,7 @@ class SQLiteStore(SharedReads):
                 self._executor,
                 self._conn,
                 before_commit=self._began_commit,
+                after_commit=self._ended_commit,
                 on_commit=self._committed,
             )
 
