@@ -66,6 +66,8 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
     stop = store._watch_stop
     path = store.path
     executor = store._executor
+    writer = store._writer
+    assert writer is not None, "the store opens before it watches"
 
     def looked(conn: sqlite3.Connection) -> None:
         try:
@@ -90,13 +92,13 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
     def watch_thread() -> None:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
-            mark = store._commits  # the store's commits begun, at the last poll
+            mark = writer.commits_begun  # the store's commits begun, at the last poll
             last = version(conn)
             ask_store()  # the store's first look, after this reading
             quiet = True
             while not stop.wait(WATCH_INTERVAL):
-                begun = store._commits
-                if begun != mark or store._commits_ended != begun:
+                begun = writer.commits_begun
+                if begun != mark or writer.commits_ended != begun:
                     # The store writes (its commits look for others'), or a commit of its
                     # is in flight: a reading now could miss it and see it on the next.
                     mark, quiet = begun, False
@@ -110,7 +112,7 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
                 if now == last:
                     continue
                 last = now
-                if store._commits == mark:
+                if writer.commits_begun == mark:
                     watch.wake()  # no commit of the store's since: someone else's
                 # else the store began one: the next poll finds it writing.
         except (sqlite3.Error, RuntimeError):

@@ -55,9 +55,10 @@ class _Write(Generic[T]):
 class GroupWriter:
     """Runs write transactions on the store's one thread, grouping those asked together.
 
-    ``before_commit`` runs on the store's thread just before each COMMIT, ``after_commit``
-    once it has returned or failed, ``on_commit`` after each that succeeded, with the
-    connection (the store counts its commits and looks for other connections' there).
+    ``on_commit`` runs on the store's thread after each COMMIT that succeeded, with the
+    connection (the store looks for other connections' commits there). ``commits_begun``
+    and ``commits_ended`` count the COMMITs sent and those returned or failed: while they
+    differ, one is in flight (the watcher reads them from its thread).
     """
 
     def __init__(
@@ -65,20 +66,20 @@ class GroupWriter:
         executor: Executor,
         conn: sqlite3.Connection,
         *,
-        before_commit: Callable[[], None],
-        after_commit: Callable[[], None],
         on_commit: Callable[[sqlite3.Connection], None],
     ) -> None:
         self._executor = executor
         self._conn = conn
-        self._before_commit = before_commit
-        self._after_commit = after_commit
         self._on_commit = on_commit
         self._lock = threading.Lock()
         self._queue: list[_Write[Any]] = []
         self._sent = False  # whether a run of the queue is on its way to the store's thread
         self.groups = 0  # transactions run (for tests and the benchmark)
         self.writes = 0  # writes committed in them
+        # Counted before a COMMIT shows in data_version and after it has (or failed): the
+        # watcher must not take the store's own commit for another connection's.
+        self.commits_begun = 0
+        self.commits_ended = 0
 
     async def write(
         self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
@@ -141,14 +142,14 @@ class GroupWriter:
         if not done:
             rollback(conn)
             return
-        self._before_commit()
+        self.commits_begun += 1
         try:
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
             raise
         finally:
-            self._after_commit()
+            self.commits_ended += 1
         self.groups += 1
         self.writes += len(done)
         self._on_commit(conn)

@@ -158,8 +158,6 @@ class SQLiteStore(SharedReads):
         self._tenant_mix = TenantMix()
         self._watch: Watch | None = None
         self._writer: GroupWriter | None = None
-        self._commits = 0  # commits begun (counted just before COMMIT)
-        self._commits_ended = 0  # commits that returned or failed
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -184,16 +182,6 @@ class SQLiteStore(SharedReads):
             raise RuntimeError("the store is not open: call open() first")
         with translated(self.path):
             return await writer.write(fn, then)
-
-    def _began_commit(self) -> None:
-        # Counted before it shows in data_version: the watcher must not take this commit
-        # for another connection's (a commit that fails stays counted: the store wrote).
-        self._commits += 1
-
-    def _ended_commit(self) -> None:
-        # Counted once the commit shows in data_version, or failed: while the two counts
-        # differ, a commit of the store's is in flight and the watcher takes no reading.
-        self._commits_ended += 1
 
     def _committed(self, conn: sqlite3.Connection) -> None:
         watch = self._watch
@@ -257,8 +245,6 @@ class SQLiteStore(SharedReads):
             self._writer = GroupWriter(
                 self._executor,
                 self._conn,
-                before_commit=self._began_commit,
-                after_commit=self._ended_commit,
                 on_commit=self._committed,
             )
 
@@ -612,7 +598,7 @@ class SQLiteStore(SharedReads):
     # -- wake-ups -----------------------------------------------------------------------
 
     async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
-        if self._watcher is None:
+        if self._watcher is None and self._writer is not None:
             self._watcher = start_watcher(self)
         wake = self._wake
         if wake is None:
