@@ -5,6 +5,7 @@ the process itself (exit codes, signals) is tested on the real command, as a sub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,32 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+# `python -m conveyor` taking Ctrl-C as from a terminal. A shell starts a background command
+# (a suite run with `&`) with SIGINT ignored, every process below inherits that, and Python
+# then leaves it ignored: the Ctrl-C tests would send their SIGINT to a deaf process.
+_CONVEYOR_HEARING_CTRL_C = (
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('conveyor', run_name='__main__', alter_sys=True)",
+)
+
+
+@contextlib.asynccontextmanager
+async def _ctrl_c_target(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Start ``conveyor ARGS`` with pipes for its output; kill it if the test fails first."""
+    proc = await asyncio.create_subprocess_exec(
+        *_CONVEYOR_HEARING_CTRL_C, *args,
+        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def cli(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -331,13 +358,9 @@ def test_serve_on_a_busy_port_exits_2_saying_so(tmp_path: Path) -> None:
 
 
 async def test_ctrl_c_during_submit_wait_says_the_job_keeps_running(db_url: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "conveyor", "submit", "build_report", "-p", '{"months": 1}',
-        "--app", APP, "--database-url", db_url, "--wait",
-        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    async with asyncio.timeout(60):
+    submit = ("submit", "build_report", "-p", '{"months": 1}', "--app", APP, "--wait")
+    async with _ctrl_c_target(*submit, "--database-url", db_url) as proc, asyncio.timeout(60):
+        assert proc.stdout is not None and proc.stderr is not None
         line = (await proc.stdout.readline()).decode()
         assert line.startswith("submitted "), line
         job_id = line.split()[1]
@@ -431,13 +454,9 @@ async def test_ctrl_c_while_following_a_job_exits_130_and_leaves_it_alone(
     app: Conveyor, db_url: str
 ) -> None:
     job = await app.submit("build_report", {"months": 1})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "conveyor", "jobs", "show", job.id, "--follow",
-        "--database-url", db_url,
-        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    async with asyncio.timeout(60):
+    follow = ("jobs", "show", job.id, "--follow", "--database-url", db_url)
+    async with _ctrl_c_target(*follow) as proc, asyncio.timeout(60):
+        assert proc.stderr is not None
         while not (line := (await proc.stderr.readline()).decode()).startswith("warning:"):
             assert line, "the command ended before it began to follow"
         proc.send_signal(signal.SIGINT)
