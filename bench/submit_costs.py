@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +32,7 @@ from rich.table import Table
 
 from bench.app import build
 from bench.databases import open_scratch
+from bench.runner import Stats
 from conveyor import Submission
 from conveyor.core.ids import new_id
 
@@ -42,7 +42,7 @@ PAYLOAD = {"seconds": 0.0}  # the "sleep" type's: one float argument, checked by
 
 
 async def _timed(jobs: int, run: Callable[[], Awaitable[None]]) -> tuple[float, float]:
-    """(wall µs, client CPU µs) per job of one call of ``run`` that handles ``jobs`` jobs."""
+    """(wall µs, process CPU µs) per job of one call of ``run`` that handles ``jobs`` jobs."""
     wall, cpu = time.perf_counter(), time.process_time()
     await run()
     return (
@@ -100,7 +100,8 @@ async def measure(url: str, backend: str, jobs: int, rounds: int) -> Runs:
 
 
 def _cell(values: list[float]) -> str:
-    return f"{statistics.median(values):,.1f} ({min(values):,.1f}–{max(values):,.1f})"
+    stats = Stats.of(values)
+    return f"{stats.median:,.1f} ({stats.min:,.1f}–{stats.max:,.1f})"
 
 
 def main() -> None:
@@ -117,7 +118,7 @@ def main() -> None:
     table = Table(title=title)
     table.add_column("way")
     table.add_column("wall µs/job", justify="right")
-    table.add_column("client CPU µs/job", justify="right")
+    table.add_column("process CPU µs/job", justify="right")
     for name, runs in figures.items():
         table.add_row(name, _cell([w for w, _ in runs]), _cell([c for _, c in runs]))
     Console().print(table)
