@@ -296,6 +296,21 @@ async def test_one_tenant_cannot_see_or_act_on_anothers_jobs_on_any_page(
     assert "globex" in (await a.get("/ui/audit")).text
 
 
+async def test_the_overview_counts_each_tenant_its_own_queues(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    await app.submit("add", {"a": 1, "b": 1}, queue="acme-secret-queue", tenant="acme")
+    acme = browser()
+    await sign_in(acme, secrets["read"])
+    assert "acme-secret-queue" in (await acme.get("/ui/")).text  # read, and kept 30 s
+    globex = browser()
+    await sign_in(globex, secrets["other"])
+    assert "acme-secret-queue" not in (await globex.get("/ui/")).text
+    admin = browser()
+    await sign_in(admin, secrets["admin"])
+    assert "acme-secret-queue" in (await admin.get("/ui/")).text
+
+
 # -- escaping ---------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -246,36 +247,59 @@ def _safe_next(target: str) -> str:
 
 class Cached(Generic[T]):
     """Figures read again at most every ``max_age`` seconds, in the background while the
-    last ones are shown (the first read is waited for).
+    last ones are shown (the first read is waited for), kept apart per ``scope``.
 
     The overview's jobs per queue and status read the whole table (no index holds those
     counts, and keeping one would cost every claim and settle a write), and its last day
     per minute reads a day of the finished_at index: on a million jobs, too slow for every
-    page view. A queue action taken here drops the counts.
+    page view. Figures depend on who reads them (a tenant's counts are of its own jobs), so
+    each scope (a tenant, or every tenant for an admin) has its own; at most ``scopes`` are
+    kept, the least recently read dropped first. A queue action taken here drops them all.
     """
 
-    def __init__(self, max_age: float) -> None:
+    def __init__(self, max_age: float, *, scopes: int = 1000) -> None:
         self.max_age = max_age
-        self._value: T | None = None
-        self._read_at = 0.0
-        self._reading: asyncio.Task[None] | None = None
+        self.scopes = scopes
+        self._kept: OrderedDict[str, _Reading[T]] = OrderedDict()
 
-    async def get(self, load: Callable[[], Awaitable[T]]) -> tuple[T, float]:
-        """The figures and their age in seconds."""
+    async def get(self, scope: str, load: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        """The figures of ``scope`` and their age in seconds."""
+        kept = self._kept.get(scope)
+        if kept is None:
+            kept = self._kept[scope] = _Reading()
+            while len(self._kept) > self.scopes:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(scope)
         now = time.monotonic()
-        if self._value is None or self.max_age == 0:
-            await self._read(load)
-        elif now - self._read_at > self.max_age and (self._reading is None or self._reading.done()):
-            self._reading = asyncio.get_running_loop().create_task(self._read(load))
-        return cast(T, self._value), max(0.0, time.monotonic() - self._read_at)
+        if kept.value is None or self.max_age == 0:
+            await kept.read(load)
+        elif now - kept.read_at > self.max_age and (kept.task is None or kept.task.done()):
+            kept.task = asyncio.get_running_loop().create_task(kept.read(load))
+        return cast(T, kept.value), max(0.0, time.monotonic() - kept.read_at)
 
     def forget(self) -> None:
-        self._value = None
+        self._kept.clear()
 
-    async def _read(self, load: Callable[[], Awaitable[T]]) -> None:
+
+class _Reading(Generic[T]):
+    """One scope's figures, when they were read, and the read under way."""
+
+    __slots__ = ("read_at", "task", "value")
+
+    def __init__(self) -> None:
+        self.value: T | None = None
+        self.read_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+
+    async def read(self, load: Callable[[], Awaitable[T]]) -> None:
         began = time.monotonic()
-        self._value = await load()
-        self._read_at = began
+        self.value = await load()
+        self.read_at = began
+
+
+def scope_of(view: TenantView) -> str:
+    """Whose figures a principal sees: its tenant's, or every tenant's (``*``) for an admin."""
+    return "*" if view.principal.is_admin else f"tenant:{view.principal.tenant}"
 
 
 @router.get("/")
@@ -287,10 +311,12 @@ async def overview(request: Request) -> Response:
     now = health.counts.now
     state = request.app.state
     hour = await view.minute_stats(now - timedelta(hours=1))
-    day, _ = await state.day_stats.get(lambda: view.minute_stats(now - timedelta(days=1)))
+    day, _ = await state.day_stats.get(
+        scope_of(view), lambda: view.minute_stats(now - timedelta(days=1))
+    )
     recent = hour[0].minute if hour else now
     stats = [m for m in day if m.minute < recent] + hour
-    queues, counts_age = await state.queue_counts.get(view.queues)
+    queues, counts_age = await state.queue_counts.get(scope_of(view), view.queues)
     per_worker = await view.running_by_worker()
     workers = await view.workers()
     return render(
