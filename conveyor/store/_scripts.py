@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -116,6 +116,19 @@ def drive(script: Script[T], execute: Callable[[str, dict[str, Any]], list[Any]]
         step = next(script)
         while True:
             step = script.send(execute(*step))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def drive_async(
+    script: Script[T], execute: Callable[[str, dict[str, Any]], Awaitable[list[Any]]]
+) -> T:
+    """Run a script to its end, awaiting ``execute`` for each step; return its result."""
+    try:
+        step = next(script)
+        while True:
+            step = script.send(await execute(*step))
     except StopIteration as done:
         result: T = done.value
         return result
@@ -487,6 +500,41 @@ def cascade(
                 changes.extend((p, Status.PENDING, Status.CANCELLED) for _, p, _ in cancelled)
                 changes.extend((p, Status.PENDING, Status.QUEUED) for p in released)
         known.update((yield from count_moves(moves_of(changes))))
+
+
+def after_settle(
+    dialect: Dialect,
+    ends: Sequence[Ended],
+    *,
+    awaited: Collection[str] | None = None,
+    parents: Collection[str] = frozenset(),
+) -> Script[None]:
+    """Carry a settled batch on: count the moves of jobs with a parent, and carry the
+    ends that reach another job to their parents and dependents.
+
+    ``ends``: every job the settle moved, with its parent and its status now (ended or
+    queued again). ``awaited``: those of the ended jobs that pending jobs depend on, when
+    the backend looked them up with the settle (None: looked up here). ``parents``: jobs
+    with children that were decided from them (their callbacks fire). An ended job that
+    has no parent, no pending dependent and no children is carried nowhere; one that
+    nothing waits for skips the look-up of its dependents.
+    """
+    finished = [e for e in ends if e[2].terminal]
+    if awaited is None:
+        awaited = set()
+        if finished:
+            rows = yield "awaited", {"ids": [job_id for job_id, _, _ in finished]}
+            awaited = {r["id"] for r in rows}
+    changes: list[Change] = [(p, Status.RUNNING, st) for _, p, st in ends if p is not None]
+    carried = [f for f in finished if f[1] is not None or f[0] in awaited or f[0] in parents]
+    if carried or changes:
+        yield from cascade(
+            dialect,
+            carried,
+            moves=moves_of(changes),
+            without_dependents=frozenset(f[0] for f in finished if f[0] not in awaited),
+            parents=parents,
+        )
 
 
 def _carry_to_dependents(

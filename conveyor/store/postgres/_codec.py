@@ -24,7 +24,15 @@ from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
-from conveyor.store._scripts import Row, Script, check_dependencies, check_same_tenant, drive, dumps
+from conveyor.store._scripts import (
+    Row,
+    Script,
+    check_dependencies,
+    check_same_tenant,
+    drive,
+    drive_async,
+    dumps,
+)
 from conveyor.store.protocol import Lease, Submitted
 
 T = TypeVar("T")
@@ -453,33 +461,53 @@ def our_loaders(adapters: psycopg.adapt.AdaptersMap) -> None:
     adapters.register_loader("timestamptz", TimestamptzLoader)
 
 
-async def run_steps(conn: psycopg.AsyncConnection[Any], steps: Script[T]) -> T:
-    """Run submit steps on an async connection, in whatever transaction it is in."""
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        our_loaders(cursor.adapters)
-        try:
-            step = next(steps)
-            while True:
-                await cursor.execute(Q[step[0]], step[1])
-                step = steps.send(await cursor.fetchall())
-        except StopIteration as done:
-            result: T = done.value
-            return result
-
-
-def run_steps_sync(conn: psycopg.Connection[Any], steps: Script[T]) -> T:
-    """Run submit steps on an application's blocking connection, in a transaction."""
+def run_script(cursor: psycopg.Cursor[Any], script: Script[T], now: datetime | None) -> T:
+    """Drive a script on a blocking cursor, in whatever transaction its connection is in:
+    each step's query with ``now`` (the pinned time, or None for the server's)."""
 
     def execute(name: str, params: dict[str, Any]) -> list[Any]:
-        cursor.execute(Q[name], params)
-        return cursor.fetchall()
+        cursor.execute(Q[name], params | {"now": now})
+        return cursor.fetchall() if returned_rows(cursor) else []
 
+    return drive(script, execute)
+
+
+async def run_script_async(
+    cursor: psycopg.AsyncCursor[Any], script: Script[T], now: datetime | None
+) -> T:
+    """Drive a script on an async cursor, as :func:`run_script` does on a blocking one."""
+
+    async def execute(name: str, params: dict[str, Any]) -> list[Any]:
+        await cursor.execute(Q[name], params | {"now": now})
+        return await cursor.fetchall() if returned_rows(cursor) else []
+
+    return await drive_async(script, execute)
+
+
+async def run_on_application(
+    conn: psycopg.AsyncConnection[Any], script: Script[T], now: datetime | None
+) -> T:
+    """Run a script on an application's async connection, in its transaction (or in one
+    of the script's own when it is in autocommit), reading rows conveyor's way."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        our_loaders(cursor.adapters)
+        if conn.autocommit:
+            async with conn.transaction():
+                return await run_script_async(cursor, script, now)
+        return await run_script_async(cursor, script, now)
+
+
+def run_on_application_sync(
+    conn: psycopg.Connection[Any], script: Script[T], now: datetime | None
+) -> T:
+    """Run a script on an application's blocking connection, as
+    :func:`run_on_application` does on an async one."""
     with conn.cursor(row_factory=dict_row) as cursor:
         our_loaders(cursor.adapters)
         if conn.autocommit:
             with conn.transaction():
-                return drive(steps, execute)
-        return drive(steps, execute)
+                return run_script(cursor, script, now)
+        return run_script(cursor, script, now)
 
 
 def heartbeat_params(

@@ -36,7 +36,6 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conveyor.core.auth import Token
-from conveyor.core.cron import Schedule
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
@@ -45,6 +44,7 @@ from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
 from conveyor.store._rows import STATUS
+from conveyor.store._scripted import ScriptedOps
 from conveyor.store.postgres._codec import (
     DIALECT,
     copy_jobs,
@@ -54,9 +54,10 @@ from conveyor.store.postgres._codec import (
     job_of_row,
     on_database,
     our_loaders,
-    returned_rows,
-    run_steps,
-    run_steps_sync,
+    run_on_application,
+    run_on_application_sync,
+    run_script,
+    run_script_async,
     settle_params,
     submit_steps,
     utc,
@@ -84,12 +85,9 @@ from conveyor.store.protocol import (
     Beat,
     JobPageQuery,
     Lease,
-    LeaseRecord,
     Limits,
     QueueInfo,
     Rescued,
-    Retention,
-    ScheduleInfo,
     Submitted,
     WorkerInfo,
 )
@@ -143,7 +141,7 @@ def _retrying(pool: ConnectionPool[SyncConnection], work: Callable[[SyncConnecti
     raise AssertionError("not reached")
 
 
-class PostgresStore(SharedReads):
+class PostgresStore(ScriptedOps, SharedReads):
     """A store on one PostgreSQL database, shared by any number of workers and clients.
 
     Single statements run on a pool of autocommit connections on the event loop;
@@ -274,14 +272,8 @@ class PostgresStore(SharedReads):
 
     def _drive(self, conn: SyncConnection, script: scripts.Script[T]) -> T:
         """Run a transaction script on a transaction thread's connection."""
-        now = self._now()
         with conn.cursor() as cursor:
-
-            def execute(name: str, params: dict[str, Any]) -> list[Any]:
-                cursor.execute(_Q[name], params | {"now": now})
-                return cursor.fetchall() if returned_rows(cursor) else []
-
-            return scripts.drive(script, execute)
+            return run_script(cursor, script, self._now())
 
     async def _script(self, make: Callable[[], scripts.Script[T]]) -> T:
         """Run the script ``make`` returns in one transaction, off the event loop."""
@@ -291,20 +283,14 @@ class PostgresStore(SharedReads):
         """Run a script of reads (or of one write) in autocommit, on the event loop."""
 
         async def read(conn: Connection) -> T:
-            now = self._now()
             async with conn.cursor() as cursor:
-                try:
-                    script = make()
-                    step = next(script)
-                    while True:
-                        await cursor.execute(_Q[step[0]], step[1] | {"now": now})
-                        rows = await cursor.fetchall() if returned_rows(cursor) else []
-                        step = script.send(rows)
-                except StopIteration as done:
-                    result: T = done.value
-                    return result
+                return await run_script_async(cursor, make(), self._now())
 
         return await self._run(read)
+
+    async def _statement(self, make: Callable[[], scripts.Script[T]]) -> T:
+        """Run a script of one write in autocommit, on the event loop: one round trip."""
+        return await self._read(make)
 
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
@@ -492,7 +478,8 @@ class PostgresStore(SharedReads):
                 except psycopg.errors.UniqueViolation:
                     pass  # an id is taken: the INSERT below returns the job holding it
             return await self._script(lambda: submit_steps(jobs, None))
-        steps = submit_steps(jobs, self._now())
+        now = self._now()
+        steps = submit_steps(jobs, now)
         known = (psycopg.AsyncConnection, psycopg.Connection)
         if isinstance(connection, known) and connection not in self._same_database:
             steps = on_database(
@@ -501,13 +488,10 @@ class PostgresStore(SharedReads):
                 functools.partial(self._same_database.add, connection),
             )
         if isinstance(connection, psycopg.AsyncConnection):
-            if connection.autocommit:
-                async with connection.transaction():
-                    return await run_steps(connection, steps)
-            return await run_steps(connection, steps)
+            return await run_on_application(connection, steps, now)
         if isinstance(connection, psycopg.Connection):
             # A blocking connection blocks: run it on a thread, its owner is waiting for us.
-            return await asyncio.to_thread(run_steps_sync, connection, steps)
+            return await asyncio.to_thread(run_on_application_sync, connection, steps, now)
         raise ConfigurationError(
             "connection= takes a psycopg 3 connection (psycopg.AsyncConnection or "
             f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
@@ -520,9 +504,6 @@ class PostgresStore(SharedReads):
         (row,) = await self._fetch("database_identity")
         return (row["database"], row["started"])
 
-    async def get(self, job_id: str) -> Job | None:
-        return await self._read(lambda: scripts.get_with_counts(DIALECT, job_id))
-
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         return [job_of_row(row) for row in await self._fetch("get_many", {"ids": list(job_ids)})]
 
@@ -530,26 +511,9 @@ class PostgresStore(SharedReads):
         rows = await self._fetch("attempts", {"job_id": job_id})
         return [scripts.attempt(DIALECT, row) for row in rows]
 
-    async def cancel(self, job_id: str, *, reason: str) -> Job | None:
-        return await self._script(lambda: scripts.cancel(DIALECT, job_id, reason))
-
-    async def retry(self, job_id: str, new: NewJob) -> Job | None:
-        return await self._script(lambda: scripts.retry(DIALECT, job_id, new))
-
-    async def retry_many(self, retries: Sequence[tuple[str, NewJob]]) -> list[Job]:
-        return await self._script(lambda: scripts.retry_many(DIALECT, retries))
-
     async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
         rows = await self._fetch("note_retry_limit", {"id": job_id, "error": error})
         return job_of_row(rows[0]) if rows else None
-
-    async def spawn(
-        self,
-        lease: Lease,
-        jobs: Sequence[NewJob],
-        callbacks: Mapping[str, NewJob] | None = None,
-    ) -> list[Submitted] | None:
-        return await self._script(lambda: scripts.spawn(DIALECT, lease, jobs, callbacks))
 
     # -- the worker's hot path ----------------------------------------------------------
 
@@ -675,29 +639,15 @@ class PostgresStore(SharedReads):
             params = settle_params(decided, now, True)
             for row in conn.execute(_Q["settle"], params).fetchall():
                 by_id[row["id"]] = row
-            upstream.update(d.job_id for d in decided)
             parents = frozenset(d.job_id for d in decided)
-        ends = [row for row in by_id.values() if not row["deferred"]]
-        finished = [
+        ends = [
             (row["id"], row["parent_id"], STATUS[row["status"]])
-            for row in ends
-            if STATUS[row["status"]].terminal
+            for row in by_id.values()
+            if not row["deferred"]
         ]
-        changes: list[scripts.Change] = [
-            (row["parent_id"], Status.RUNNING, STATUS[row["status"]])
-            for row in ends
-            if row["parent_id"] is not None
-        ]
-        carried = [f for f in finished if f[1] is not None or f[0] in upstream]
-        if carried or changes:
-            cascade = scripts.cascade(
-                DIALECT,
-                carried,
-                moves=scripts.moves_of(changes),
-                without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
-                parents=parents,
-            )
-            self._drive(conn, cascade)
+        if ends:
+            carry_on = scripts.after_settle(DIALECT, ends, awaited=upstream, parents=parents)
+            self._drive(conn, carry_on)
         return [s.job_id for s in settlements if s.job_id not in by_id]
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
@@ -715,43 +665,6 @@ class PostgresStore(SharedReads):
             return scripts.rescued(rows, decisions, self._settle(conn, decisions))
 
         return await self._transaction(rescue)
-
-    async def finish_parents(self, *, limit: int) -> list[str]:
-        return await self._script(lambda: scripts.finish_parents(DIALECT, limit))
-
-    async def prune(self, retention: Retention, *, limit: int) -> int:
-        return await self._script(lambda: scripts.prune(retention, limit))
-
-    # -- schedules ----------------------------------------------------------------------
-
-    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
-        await self._script(lambda: scripts.sync_schedules(DIALECT, schedules))
-
-    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
-        return await self._script(lambda: scripts.fire_schedules(DIALECT, limit, min_grace))
-
-    async def schedules(self) -> list[ScheduleInfo]:
-        return await self._read(lambda: scripts.schedules(DIALECT))
-
-    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
-        return await self._script(lambda: scripts.set_schedule_enabled(DIALECT, name, enabled))
-
-    async def run_schedule(self, name: str) -> Job | None:
-        return await self._script(lambda: scripts.run_schedule(DIALECT, name))
-
-    # -- named leases -------------------------------------------------------------------
-
-    async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
-        return await self._script(lambda: scripts.acquire_lease(DIALECT, name, owner, ttl))
-
-    async def renew_lease(self, name: str, *, token: int, ttl: float) -> datetime | None:
-        return await self._read(lambda: scripts.renew_lease(DIALECT, name, token, ttl))
-
-    async def release_lease(self, name: str, *, token: int) -> bool:
-        return await self._script(lambda: scripts.release_lease(name, token))
-
-    async def lease_history(self, name: str) -> list[LeaseRecord]:
-        return await self._read(lambda: scripts.lease_history(DIALECT, name))
 
     # -- workers and queues -------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 ``PRAGMA data_version`` on a connection changes when any *other* connection commits. The
 store's own connection therefore tells, right after each of its write transactions, whether
-someone else committed since it last looked (:meth:`Watch.check`, on the store's thread, at
-the cost of one pragma). A thread (:func:`start_watcher`) covers the time the store does
+someone else committed since it last looked (:meth:`Watcher.check`, on the store's thread, at
+the cost of one pragma). A thread of the :class:`Watcher` covers the time the store does
 not write: it polls a connection of its own every 2 ms, where a change is either another
 connection's commit or the store's own.
 
@@ -20,24 +20,54 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
 
-if TYPE_CHECKING:
-    from conveyor.store.sqlite.backend import SQLiteStore
+from conveyor.store.sqlite._writer import GroupWriter
 
 # An idle worker notices a commit from another process by polling PRAGMA data_version,
 # which reads shared memory only; 2 ms keeps enqueue-to-start latency low at ~1% CPU.
 WATCH_INTERVAL = 0.002
 
 
-class Watch:
-    """What the store's thread needs to wake the loop's waiters for others' commits."""
+class Watcher:
+    """Wakes a store's waiters when another connection commits to its file.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
-        self._loop = loop
-        self._wake = wake
+    Started by the store's first :meth:`wait`, on its event loop; the store calls
+    :meth:`check` on its own thread after each commit, and :meth:`stop` when it closes.
+    ``executor`` is the store's one thread, ``conn`` its connection there, ``writer``
+    its group writer (whose commit counters tell the store's commits from others').
+    """
+
+    def __init__(
+        self, path: str, executor: Executor, conn: sqlite3.Connection, writer: GroupWriter
+    ) -> None:
+        self._path = path
+        self._executor = executor
+        self._conn = conn
+        self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
         self._seen: int | None = None  # the store connection's data_version, last read
-        self.asked = threading.Event()  # a look is queued on the store's thread
+        self._asked = threading.Event()  # a look is queued on the store's thread
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._poll, name="conveyor-sqlite-watch", daemon=True
+        )
+        self._thread.start()
+
+    async def wait(self, timeout: float) -> None:
+        """Wait until another connection committed since the last wait, or ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def stop(self) -> None:
+        """Stop the polling thread (waiters then run to their timeouts)."""
+        self._stop.set()
+        self._thread.join(timeout=1)
 
     def check(self, conn: sqlite3.Connection) -> None:
         """On the store's thread: wake the waiters if another connection committed since
@@ -46,57 +76,40 @@ class Watch:
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._seen:
                 self._seen = version
-                self.wake()
+                self._set()
         except (sqlite3.Error, RuntimeError):
             pass
 
-    def wake(self) -> None:
+    def _set(self) -> None:
         try:
             self._loop.call_soon_threadsafe(self._wake.set)
         except RuntimeError:  # the loop is closed
             pass
 
-
-def start_watcher(store: SQLiteStore) -> threading.Thread:
-    """Start the thread that wakes the store's waiters when another connection commits."""
-    loop = asyncio.get_running_loop()
-    wake = store._wake = asyncio.Event()
-    watch = Watch(loop, wake)
-    store._watch = watch
-    stop = store._watch_stop
-    path = store.path
-    executor = store._executor
-    writer = store._writer
-    assert writer is not None, "the store opens before it watches"
-
-    def looked(conn: sqlite3.Connection) -> None:
+    def _looked(self, conn: sqlite3.Connection) -> None:
         try:
-            watch.check(conn)
+            self.check(conn)
         finally:
-            watch.asked.clear()
+            self._asked.clear()
 
-    def ask_store() -> None:
-        conn = store._conn
-        if executor is None or conn is None:
-            watch.wake()
-        elif not watch.asked.is_set():
-            watch.asked.set()
+    def _ask_store(self) -> None:
+        """Have the store's thread look once (at most one look queued at a time)."""
+        if not self._asked.is_set():
+            self._asked.set()
             try:
-                executor.submit(looked, conn)
+                self._executor.submit(self._looked, self._conn)
             except RuntimeError:  # the store is closing
-                watch.asked.clear()
+                self._asked.clear()
 
-    def version(conn: sqlite3.Connection) -> int:
-        return int(conn.execute("PRAGMA data_version").fetchone()[0])
-
-    def watch_thread() -> None:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    def _poll(self) -> None:
+        writer = self._writer
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         try:
             mark = writer.commits_begun  # the store's commits begun, at the last poll
-            last = version(conn)
-            ask_store()  # the store's first look, after this reading
+            last = _version(conn)
+            self._ask_store()  # the store's first look, after this reading
             quiet = True
-            while not stop.wait(WATCH_INTERVAL):
+            while not self._stop.wait(WATCH_INTERVAL):
                 begun = writer.commits_begun
                 if begun != mark or writer.commits_ended != begun:
                     # The store writes (its commits look for others'), or a commit of its
@@ -105,15 +118,15 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
                     continue
                 if not quiet:  # it stopped writing: a new reading, and one more look
                     quiet = True
-                    last = version(conn)
-                    ask_store()
+                    last = _version(conn)
+                    self._ask_store()
                     continue
-                now = version(conn)
+                now = _version(conn)
                 if now == last:
                     continue
                 last = now
                 if writer.commits_begun == mark:
-                    watch.wake()  # no commit of the store's since: someone else's
+                    self._set()  # no commit of the store's since: someone else's
                 # else the store began one: the next poll finds it writing.
         except (sqlite3.Error, RuntimeError):
             # The database went away or the loop closed: waiters fall back to timeouts.
@@ -121,6 +134,6 @@ def start_watcher(store: SQLiteStore) -> threading.Thread:
         finally:
             conn.close()
 
-    watcher = threading.Thread(target=watch_thread, name="conveyor-sqlite-watch", daemon=True)
-    watcher.start()
-    return watcher
+
+def _version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from conveyor.core.auth import Token
-from conveyor.core.cron import Schedule
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, NotAConveyorDatabase
@@ -29,17 +27,15 @@ from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._reads import SharedReads
 from conveyor.store._rows import STATUS
+from conveyor.store._scripted import ScriptedOps
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
     JobPageQuery,
     Lease,
-    LeaseRecord,
     Limits,
     QueueInfo,
     Rescued,
-    Retention,
-    ScheduleInfo,
     Submitted,
     WorkerInfo,
 )
@@ -54,7 +50,7 @@ from conveyor.store.sqlite._codec import (
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
-from conveyor.store.sqlite._watcher import Watch, start_watcher
+from conveyor.store.sqlite._watcher import Watcher
 from conveyor.store.sqlite._writer import GroupWriter
 
 T = TypeVar("T")
@@ -139,7 +135,7 @@ def _end_attempts(conn: sqlite3.Connection, decided: Iterable[Settlement], now: 
     return settled
 
 
-class SQLiteStore(SharedReads):
+class SQLiteStore(ScriptedOps, SharedReads):
     """A store on one SQLite file."""
 
     dialect = DIALECT
@@ -152,11 +148,8 @@ class SQLiteStore(SharedReads):
         self._auto_migrate = migrate
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
-        self._watcher: threading.Thread | None = None
-        self._watch_stop = threading.Event()
-        self._wake: asyncio.Event | None = None
+        self._watcher: Watcher | None = None
         self._tenant_mix = TenantMix()
-        self._watch: Watch | None = None
         self._writer: GroupWriter | None = None
 
     # -- plumbing -----------------------------------------------------------------------
@@ -184,9 +177,9 @@ class SQLiteStore(SharedReads):
             return await writer.write(fn, then)
 
     def _committed(self, conn: sqlite3.Connection) -> None:
-        watch = self._watch
-        if watch is not None:
-            watch.check(conn)  # did another connection commit since the last look?
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.check(conn)  # did another connection commit since the last look?
 
     def _drive(
         self, conn: sqlite3.Connection, script: scripts.Script[T], now: float | None = None
@@ -203,13 +196,17 @@ class SQLiteStore(SharedReads):
 
         return scripts.drive(script, execute)
 
-    async def _script(self, script: scripts.Script[T]) -> T:
+    async def _script(self, make: Callable[[], scripts.Script[T]]) -> T:
         """Run a writing script in one ``BEGIN IMMEDIATE`` transaction."""
-        return await self._write(lambda conn: self._drive(conn, script))
+        return await self._write(lambda conn: self._drive(conn, make()))
 
-    async def _read(self, script: scripts.Script[T]) -> T:
+    async def _read(self, make: Callable[[], scripts.Script[T]]) -> T:
         """Run a reading script outside any transaction."""
-        return await self._run(lambda conn: self._drive(conn, script))
+        return await self._run(lambda conn: self._drive(conn, make()))
+
+    async def _statement(self, make: Callable[[], scripts.Script[T]]) -> T:
+        """Run a script of one write: under the write lock, as every write."""
+        return await self._script(make)
 
     def _time_param(self, value: datetime | None) -> Any:
         return self._clock() if value is None else epoch(value)
@@ -249,12 +246,10 @@ class SQLiteStore(SharedReads):
             )
 
     async def close(self) -> None:
-        self._watch_stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=1)
-            self._watcher = None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
         self._writer = None
-        self._watch = None
         if self._executor is not None:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -328,9 +323,6 @@ class SQLiteStore(SharedReads):
 
         return await self._write(submit)
 
-    async def get(self, job_id: str) -> Job | None:
-        return await self._read(scripts.get_with_counts(DIALECT, job_id))
-
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         params = {"ids": json.dumps(list(job_ids))}
         return await self._run(lambda conn: jobs_of(conn.execute(_Q["get_many"], params)))
@@ -338,15 +330,6 @@ class SQLiteStore(SharedReads):
     async def attempts(self, job_id: str) -> list[Attempt]:
         rows = await self._fetch("attempts", {"job_id": job_id})
         return [scripts.attempt(DIALECT, r) for r in rows]
-
-    async def cancel(self, job_id: str, *, reason: str) -> Job | None:
-        return await self._script(scripts.cancel(DIALECT, job_id, reason))
-
-    async def retry(self, job_id: str, new: NewJob) -> Job | None:
-        return await self._script(scripts.retry(DIALECT, job_id, new))
-
-    async def retry_many(self, retries: Sequence[tuple[str, NewJob]]) -> list[Job]:
-        return await self._script(scripts.retry_many(DIALECT, retries))
 
     async def note_retry_limit(self, job_id: str, error: str) -> Job | None:
         params = {"id": job_id, "error": error}
@@ -356,14 +339,6 @@ class SQLiteStore(SharedReads):
             return None if row is None else job_of_row(row)
 
         return await self._write(note)
-
-    async def spawn(
-        self,
-        lease: Lease,
-        jobs: Sequence[NewJob],
-        callbacks: Mapping[str, NewJob] | None = None,
-    ) -> list[Submitted] | None:
-        return await self._script(scripts.spawn(DIALECT, lease, jobs, callbacks))
 
     # -- the worker's hot path ----------------------------------------------------------
 
@@ -469,36 +444,20 @@ class SQLiteStore(SharedReads):
         settled = _end_attempts(conn, decided.values(), now)
         reported = {s.job_id: s for s in settlements}
         attempts = []
-        finished: list[scripts.Ended] = []
-        changes: list[scripts.Change] = []
+        ends: list[scripts.Ended] = []
         for job_id, attempt, lease_owner, started_at, parent_id, stored in settled:
-            s, status = reported[job_id], STATUS[stored]
+            s = reported[job_id]
             del decided[job_id]
             if s.outcome is not None:
                 attempts.append(
                     (job_id, attempt, lease_owner, started_at, now, s.outcome.value, s.error,
                      s.traceback)
                 )  # fmt: skip
-            if parent_id is not None:
-                changes.append((parent_id, Status.RUNNING, status))
-            if status.terminal:
-                finished.append((job_id, parent_id, status))
+            ends.append((job_id, parent_id, STATUS[stored]))
         if attempts:
             conn.executemany(_Q["insert_attempt"], attempts)
-        upstream: set[str] = set()
-        if finished:
-            ended = json.dumps([job_id for job_id, _, _ in finished])
-            upstream = {r["id"] for r in conn.execute(_Q["awaited"], {"ids": ended})}
-        carried = [f for f in finished if f[1] is not None or f[0] in upstream or f[0] in parents]
-        if carried or changes:
-            cascade = scripts.cascade(
-                DIALECT,
-                carried,
-                moves=scripts.moves_of(changes),
-                without_dependents=frozenset(f[0] for f in finished if f[0] not in upstream),
-                parents=parents,
-            )
-            self._drive(conn, cascade, now)
+        if ends:
+            self._drive(conn, scripts.after_settle(DIALECT, ends, parents=parents), now)
         return list(decided)  # the ones the UPDATE did not take: refused
 
     def _decide(
@@ -536,43 +495,6 @@ class SQLiteStore(SharedReads):
 
         return await self._write(rescue)
 
-    async def finish_parents(self, *, limit: int) -> list[str]:
-        return await self._script(scripts.finish_parents(DIALECT, limit))
-
-    async def prune(self, retention: Retention, *, limit: int) -> int:
-        return await self._script(scripts.prune(retention, limit))
-
-    # -- schedules ----------------------------------------------------------------------
-
-    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
-        await self._script(scripts.sync_schedules(DIALECT, schedules))
-
-    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
-        return await self._script(scripts.fire_schedules(DIALECT, limit, min_grace))
-
-    async def schedules(self) -> list[ScheduleInfo]:
-        return await self._read(scripts.schedules(DIALECT))
-
-    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
-        return await self._script(scripts.set_schedule_enabled(DIALECT, name, enabled))
-
-    async def run_schedule(self, name: str) -> Job | None:
-        return await self._script(scripts.run_schedule(DIALECT, name))
-
-    # -- named leases -------------------------------------------------------------------
-
-    async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
-        return await self._script(scripts.acquire_lease(DIALECT, name, owner, ttl))
-
-    async def renew_lease(self, name: str, *, token: int, ttl: float) -> datetime | None:
-        return await self._script(scripts.renew_lease(DIALECT, name, token, ttl))
-
-    async def release_lease(self, name: str, *, token: int) -> bool:
-        return await self._script(scripts.release_lease(name, token))
-
-    async def lease_history(self, name: str) -> list[LeaseRecord]:
-        return await self._read(scripts.lease_history(DIALECT, name))
-
     # -- workers and queues -------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo) -> None:
@@ -598,18 +520,14 @@ class SQLiteStore(SharedReads):
     # -- wake-ups -----------------------------------------------------------------------
 
     async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
-        if self._watcher is None and self._writer is not None:
-            self._watcher = start_watcher(self)
-        wake = self._wake
-        if wake is None:
-            await asyncio.sleep(timeout)
-            return frozenset()
-        try:
-            async with asyncio.timeout(timeout):
-                await wake.wait()
-        except TimeoutError:
-            pass
-        wake.clear()
+        watcher = self._watcher
+        if watcher is None:
+            executor, conn, writer = self._executor, self._conn, self._writer
+            if executor is None or conn is None or writer is None:  # not open
+                await asyncio.sleep(timeout)
+                return frozenset()
+            watcher = self._watcher = Watcher(self.path, executor, conn, writer)
+        await watcher.wait(timeout)
         return frozenset()
 
     # -- the API's reads and tokens -----------------------------------------------------
