@@ -178,3 +178,20 @@ async def test_unknown_routes_and_methods_are_problems(api: FastAPI) -> None:
         assert r.status_code == 404 and "openapi.json" in r.json()["detail"]
         r = await c.delete("/jobs")
         assert r.status_code == 405 and r.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry", "retry-failed-children"])
+async def test_a_405_below_a_job_allows_what_the_document_says(api: FastAPI, action: str) -> None:
+    # /jobs/0/retry is job 0's retry (POST only), not a job called "0/retry" to GET (ST205).
+    transport = httpx.ASGITransport(app=api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+        for path in [f"/jobs/0/{action}", f"/jobs/acme/x/{action}"]:
+            for method in ["GET", "OPTIONS", "PUT", "DELETE", "PATCH"]:
+                r = await c.request(method, path)
+                assert r.status_code == 405, (method, path, r.status_code)
+                assert r.headers["allow"] == "POST", (method, path)
+        for below in ["attempts", "children", "events"]:
+            r = await c.request("OPTIONS", f"/jobs/0/{below}")
+            assert r.status_code == 405 and r.headers["allow"] == "GET", below
+        r = await c.request("OPTIONS", "/jobs/acme/x")  # a job itself, by its stored id
+        assert r.status_code == 405 and r.headers["allow"] == "GET"

@@ -25,7 +25,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
 from conveyor.web import _pages as pages
-from conveyor.web import _paths  # noqa: F401  (registers {job_id:job})
+from conveyor.web import _paths  # noqa: F401  (registers the job id path parameters)
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
 from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, conveyor_of
@@ -224,7 +224,7 @@ async def job_events(job_id: JobId, view: Reader) -> Response:
 
 
 @router.get(
-    "/jobs/{job_id:job}",
+    "/jobs/{job_id:job_itself}",
     response_model=s.JobOut,
     summary="Read a job; ?wait=N long-polls until it ends",
     tags=["jobs"],

@@ -29,7 +29,7 @@ from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
 from conveyor.errors import ConfigurationError, Forbidden, JobNotFound
-from conveyor.web import _paths  # noqa: F401  (registers {job_id:job})
+from conveyor.web import _paths  # noqa: F401  (registers the job id path parameters)
 from conveyor.web.ui import _charts
 from conveyor.web.ui._session import (
     COOKIE,
@@ -459,7 +459,7 @@ def _remember(signed: Signed, message: str) -> None:
     signed.session.flash = [message]
 
 
-@router.get("/jobs/{job_id:job}")
+@router.get("/jobs/{job_id:job_itself}")
 async def job_page(request: Request, job_id: str) -> Response:
     signed = await _signed(request)
     view = signed.view
