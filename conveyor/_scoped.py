@@ -83,6 +83,43 @@ def as_its_tenant_sees(job: Job) -> Job:
     )
 
 
+# What a submission sets of a job, compared field by field when an id or key is reused;
+# the values of these are shown in the refusal (the payload and links are only named).
+_SHOWN_FIELDS = ("type", "queue", "priority", "max_attempts", "timeout", "unique_key")
+_SAME_TIME = 0.001  # seconds: the stores keep times to the microsecond (PostgreSQL)
+
+
+def request_differences(job: Job, new: NewJob) -> list[str]:
+    """What of the request ``new`` differs from the one that stored ``job``, as
+    ``"queue: 'default' before, 'media' now"``; empty when it is the same request.
+
+    Every field a submission sets is compared, with the job type's defaults filled in on
+    both sides (leaving out ``queue`` is asking for the type's queue). The time (``run_at``
+    or ``delay``) is compared while the job has not started: its first run is then still
+    the one asked for, whereas a retry moves it.
+    """
+    found: list[str] = []
+    for name in _SHOWN_FIELDS:
+        before, now = getattr(job, name), getattr(new, name)
+        if before != now:
+            found.append(f"{name}: {before!r} before, {now!r} now")
+    if job.payload != new.payload:
+        found.append("payload: another one")
+    if sorted(job.depends_on) != sorted(new.depends_on):
+        found.append("depends_on: other jobs")
+    if job.attempt == 0:
+        if new.run_at is not None:
+            if abs((job.run_at - new.run_at).total_seconds()) > _SAME_TIME:
+                found.append(
+                    f"run_at: {job.run_at.isoformat()} before, {new.run_at.isoformat()} now"
+                )
+        else:
+            asked = (job.run_at - job.created_at).total_seconds()
+            if abs(asked - new.delay) > _SAME_TIME:
+                found.append(f"delay: {asked:g} s before, {new.delay:g} s now")
+    return found
+
+
 class TenantView:
     """The jobs of ``principal``'s tenant (of every tenant for an admin) in ``app``."""
 
@@ -493,10 +530,13 @@ class TenantView:
                 raise IdempotencyConflict(
                     f"job id {local(mine.tenant, mine.id)!r} is taken: choose another id"
                 )
-            if job.type != mine.type or job.payload != mine.payload:
+            differences = request_differences(job, mine)
+            if differences:
                 raise IdempotencyConflict(
-                    f"job {local(job.tenant, job.id)!r} exists with another type or payload; "
-                    "use a new id (or Idempotency-Key) for a different job"
+                    f"job {local(job.tenant, job.id)!r} was submitted with another request "
+                    f"(its id or Idempotency-Key is reused): {'; '.join(differences)}. Send "
+                    "the same request again to get the job back, or use a new id (or "
+                    "Idempotency-Key) for a different job"
                 )
 
     async def _check_dependencies(self, jobs: list[NewJob]) -> None:
@@ -515,4 +555,4 @@ class TenantView:
             )
 
 
-__all__ = ["TenantView", "as_its_tenant_sees", "keyed_id"]
+__all__ = ["TenantView", "as_its_tenant_sees", "keyed_id", "request_differences"]

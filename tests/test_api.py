@@ -214,6 +214,39 @@ async def test_idempotency_key_is_scoped_to_the_tenant(
     assert await count_jobs(app) == 2
 
 
+@pytest.mark.parametrize(
+    ("option", "first", "second"),
+    [
+        ("queue", "default", "media"),
+        ("priority", 0, 5),
+        ("delay", 30, 60),
+        ("max_attempts", 3, 7),
+        ("timeout", 10, 20),
+        ("unique_key", "u1", "u2"),
+        ("run_at", "2999-01-01T00:00:00+00:00", "2999-01-02T00:00:00+00:00"),
+    ],
+)
+async def test_an_idempotency_key_reused_with_another_option_is_a_conflict_naming_it(
+    app: Conveyor,
+    client: httpx.AsyncClient,
+    tokens: dict[str, dict[str, str]],
+    option: str,
+    first: Any,
+    second: Any,
+) -> None:
+    body = {"type": "add", "payload": {"a": 1, "b": 2}, option: first}
+    headers = {**tokens["write"], "Idempotency-Key": f"order-{option}"}
+    created = await client.post("/jobs", json=body, headers=headers)
+    assert created.status_code == 202, created.text
+    same = await client.post("/jobs", json=body, headers=headers)  # the same body, later
+    assert same.status_code == 200 and same.json() == created.json()
+    changed = await client.post("/jobs", json={**body, option: second}, headers=headers)
+    assert changed.status_code == 409, changed.text
+    detail = changed.json()["detail"]
+    assert f"{option}:" in detail and "another request" in detail, detail
+    assert await count_jobs(app) == 1
+
+
 async def test_a_list_body_is_all_or_nothing(
     app: Conveyor, client: httpx.AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:

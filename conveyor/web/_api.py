@@ -76,8 +76,9 @@ IdempotencyKey = Annotated[
         max_length=200,
         pattern=s.NUL_FREE,
         description=(
-            "Makes the submit idempotent for this tenant: the same key again returns the "
-            "job(s) it created (200); with another payload it is refused (409)."
+            "Makes the submit idempotent for this tenant: the same key with the same "
+            "request again returns the job(s) it created (200); with another request (any "
+            "field of the body) it is refused (409), naming what differs."
         ),
     ),
 ]
