@@ -14,6 +14,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
 from conveyor.errors import ConveyorError
 from conveyor.store.sqlite import SQLiteStore
+from conveyor.store.sqlite._connection import WAL_SIZE_LIMIT
 from tests.helpers import new
 
 
@@ -93,3 +94,30 @@ async def test_a_write_waits_for_the_lock_another_process_holds_then_commits(
     other.close()
     await asyncio.wait_for(write, 10)
     assert [j.id for j in await store.get_many(["waited"])] == ["waited"]
+
+
+async def test_the_write_ahead_log_shrinks_back_after_a_burst(
+    store: SQLiteStore, tmp_path: pathlib.Path
+) -> None:
+    """Issue #30 item 10: SQLite never shrinks the -wal file itself; without
+    journal_size_limit it kept the size of the largest burst for good."""
+    wal = tmp_path / "writes.db-wal"
+    # A reader holding an old snapshot keeps checkpoints from starting the log over, so
+    # a burst of writes meanwhile grows the log by its whole size.
+    reader = sqlite3.connect(tmp_path / "writes.db", isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM conveyor_jobs").fetchall()
+    payload = {"text": "x" * 10_000}
+    for batch in range(40):
+        await store.submit([new(f"b{batch}-{i}", payload=payload) for i in range(50)])
+    burst = wal.stat().st_size
+    assert burst > 2 * WAL_SIZE_LIMIT
+    reader.execute("ROLLBACK")
+    reader.close()
+    # A commit past 1000 pages of log checkpoints it; the next write starts it over.
+    for i in range(20):
+        await store.submit([new(f"after-{i}")])
+        if wal.stat().st_size <= WAL_SIZE_LIMIT:
+            break
+    assert wal.stat().st_size <= WAL_SIZE_LIMIT, f"the log kept {wal.stat().st_size} bytes"
+    assert await store.get("b39-49") is not None and await store.get(f"after-{i}") is not None

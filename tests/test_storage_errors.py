@@ -105,6 +105,35 @@ async def test_a_full_disk_is_a_storage_error_and_writes_work_again_once_space_i
     assert after is not None and after.payload == BIG
 
 
+async def test_a_full_disk_gives_back_the_write_ahead_logs_space(small_disk: Path) -> None:
+    """Issue #30 item 10: the log had filled the disk, and the store could not write again
+    until someone freed more than the next write needed: SQLite appends to the log, and
+    keeps its size, until a checkpoint starts it over."""
+    url = f"sqlite:///{small_disk / 'conveyor.db'}"
+    store = create_store(url)
+    await store.open()
+    await store.submit([new(f"j{i}", payload={"text": "x" * 3000}) for i in range(100)])
+    await store.close()  # the last connection to close checkpoints the log and removes it
+    store = create_store(url)
+    await store.open()
+    try:
+        wal = small_disk / "conveyor.db-wal"
+        for i in range(100):  # rewrites of rows already in the file: the log grows
+            await store.cancel(f"j{i}", reason="not needed")
+        grown = wal.stat().st_size
+        assert grown > 300_000
+        filler = fill(small_disk)
+        os.truncate(filler, filler.stat().st_size - 64 * 1024)  # a sliver, as an rm may give
+        with pytest.raises(StorageError, match=r"is full"):
+            await store.submit([new("big", payload=BIG)])
+        assert wal.stat().st_size < grown / 10, "the log was checkpointed and truncated"
+        await store.submit([new("big", payload=BIG)])  # with no more space freed
+        cancelled = await store.get("j99")
+        assert cancelled is not None and cancelled.status is Status.CANCELLED
+    finally:
+        await store.close()
+
+
 APP = """
 from conveyor import Conveyor
 

@@ -1,4 +1,5 @@
-"""Opening a SQLite file: checks that say what to do, WAL mode, the busy timeout."""
+"""Opening a SQLite file: checks that say what to do, WAL mode, the busy timeout, and a
+write-ahead log that gives its space back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from pathlib import Path
 from conveyor.errors import ConfigurationError, DatabaseUnavailable, NotAConveyorDatabase
 
 BUSY_TIMEOUT_MS = 30_000
+# SQLite never shrinks the -wal file by itself: a burst of writes while a reader held an
+# old snapshot leaves it as large as the burst for good. With a limit, each checkpoint
+# that starts the log over truncates the file to this size (a little more than the 1000
+# pages an automatic checkpoint lets it hold).
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
+# How long the checkpoint after a full disk waits for other connections' readers.
+RELEASE_WAIT_MS = 2_000
 
 
 def switch_to_wal(conn: sqlite3.Connection) -> str:
@@ -60,6 +68,7 @@ def connect(path_name: str) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         mode = switch_to_wal(conn)
         conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
     except sqlite3.DatabaseError as exc:
         if "not a database" in str(exc) or "malformed" in str(exc):
             raise NotAConveyorDatabase(
@@ -74,6 +83,27 @@ def connect(path_name: str) -> sqlite3.Connection:
             "conveyor needs WAL to share the file between processes"
         )
     return conn
+
+
+def release_wal(conn: sqlite3.Connection) -> None:
+    """Copy the write-ahead log into the database and truncate it to nothing, if no reader
+    of another connection needs it for long; best effort, never raises.
+
+    Run after a full disk: the log is the file that grew to fill it, and without this it
+    keeps its size (SQLite reuses it from the start), so freeing some other file would be
+    the only way back. Readers hold the truncation back, so it waits for them briefly
+    rather than for the busy timeout.
+    """
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {RELEASE_WAIT_MS}")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except sqlite3.Error:
+        pass  # still full, or readers held on: the next full-disk error tries again
+    finally:
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except sqlite3.Error:
+            pass
 
 
 def parse_sqlite_url(url: str) -> str:

@@ -88,6 +88,12 @@ class _Translation:
                 raise error from exc
 
 
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is SQLite's "database or disk is full"."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF == _FULL
+
+
 def translated(path: str) -> _Translation:
     """A ``with`` block whose SQLite failures are raised as :class:`StorageError`.
 

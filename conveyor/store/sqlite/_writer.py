@@ -26,7 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from conveyor.store.sqlite._errors import rollback
+from conveyor.store.sqlite._connection import release_wal
+from conveyor.store.sqlite._errors import disk_full, rollback
 
 T = TypeVar("T")
 
@@ -127,6 +128,9 @@ class GroupWriter:
             for w in writes:
                 if w.error is None:
                     w.error = exc
+        if any(disk_full(w.error) for w in writes):
+            # The log filled the disk: give its space back before anyone tries again.
+            release_wal(self._conn)
         _deliver(writes)
 
     def _together(self, writes: list[_Write[Any]]) -> None:
