@@ -1081,9 +1081,9 @@ def jobs_cancel(target: Target, job_id: str, wait: bool, wait_timeout: float | N
 
     async def go(jobs: JobsTarget) -> tuple[ShownJob, bool]:
         job = await jobs.cancel(job_id)
-        if not (wait and job.status is Status.RUNNING):
+        if not (wait and job.status in (Status.RUNNING, Status.WAITING)):
             return job, False
-        console.print(f"job {job.id} is running: waiting for its worker to stop it")
+        console.print(f"job {job.id} is {job.status.value}: waiting for it to stop")
         if not await follow(job, wait_timeout):
             _fail(f"job {job.id} still running after {wait_timeout:g}s", EXIT_JOB_FAILED)
         return job, True
@@ -1096,6 +1096,11 @@ def jobs_cancel(target: Target, job_id: str, wait: bool, wait_timeout: float | N
         console.print(f"job {job.id} cancelled" + (" and stopped" if waited else ""))
     elif job.status is Status.RUNNING:
         console.print(f"job {job.id} is running: its worker was asked to stop it")
+    elif job.status is Status.WAITING:
+        console.print(
+            f"job {job.id} is waiting for the jobs running below it, which were asked to "
+            "stop: it ends cancelled once they have"
+        )
     elif waited:
         # It ended some other way while its worker was stopping it.
         _fail(f"job {job.id} ended {job.status.value} before it could be stopped", EXIT_JOB_FAILED)

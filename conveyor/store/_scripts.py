@@ -460,6 +460,7 @@ def finish_parent(
     rows = yield "finish_waiting", params
     if not rows:
         return None
+    status = Status(rows[0]["status"])  # cancelled, whatever its children did, if asked
     yield from fire_callbacks(dialect, parent_id, status, counts)
     return (rows[0]["id"], rows[0]["parent_id"], status)
 
@@ -580,7 +581,11 @@ def finish_listed(dialect: Dialect, parent_ids: Sequence[str]) -> Script[list[st
 def cancel(dialect: Dialect, job_id: str, reason: str) -> Script[Job | None]:
     """Cancel a job now, or ask its worker to; a waiting job takes its subtree along.
 
-    The job is locked first, so the status it is cancelled from is the one counted.
+    The job is locked first, so the status it is cancelled from is the one counted. A
+    waiting parent is asked to stop like a running job: what has not started below it is
+    cancelled at once, running jobs below it are asked to stop, and it ends ``cancelled``
+    (firing its callbacks, with the counts of every job below it) once the last of them
+    has ended, as any parent ends: from ``waiting``, decided from its counts.
     """
     locked = yield "lock_job", {"id": job_id}
     if not locked:
@@ -588,45 +593,45 @@ def cancel(dialect: Dialect, job_id: str, reason: str) -> Script[Job | None]:
     before, parent_id = Status(locked[0]["status"]), locked[0]["parent_id"]
     params = {"id": job_id, "reason": reason}
     rows = yield "cancel_unstarted", params
-    parents: set[str] = set()
-    if not rows:
-        rows = yield "cancel_waiting", params
-        if rows:
-            parents.add(job_id)
-            for child in (yield "unfinished_descendants", {"id": job_id}):
-                yield from _cancel_below(dialect, job_id, child["id"])
     if rows:
         moves = moves_of([(parent_id, before, Status.CANCELLED)])
-        ended = [(job_id, parent_id, Status.CANCELLED)]
-        yield from cascade(dialect, ended, moves=moves, parents=parents)
+        yield from cascade(dialect, [(job_id, parent_id, Status.CANCELLED)], moves=moves)
     else:
-        yield "request_cancel", params
+        rows = yield "request_cancel", params
+        if rows:
+            yield from _cancel_below(dialect, job_id, waiting=before is Status.WAITING)
     found = yield "get", {"id": job_id}
     return dialect.job(found[0]) if found else None
 
 
-def _cancel_below(dialect: Dialect, job_id: str, child_id: str) -> Script[None]:
-    """Cancel a descendant of a cancelled parent, or ask its worker to stop it."""
-    locked = yield "lock_job", {"id": child_id}
-    if not locked:
+def _cancel_below(dialect: Dialect, job_id: str, *, waiting: bool) -> Script[None]:
+    """Cancel what has not started below a parent asked to stop, and ask the jobs running
+    or waiting below it to stop; the parents end as their last child does.
+
+    Every waiting and running job below is asked first, so that a parent whose last
+    unstarted child is cancelled here ends ``cancelled``, not ``failed``. A running job
+    may have spawned children already (its handler may even have returned, its settle
+    not yet written): they are stopped too, and it waits for them if it returns.
+    """
+    below = yield "unfinished_descendants", {"id": job_id}
+    if not below and not waiting:
         return
-    before, parent_id = Status(locked[0]["status"]), locked[0]["parent_id"]
-    params = {"id": child_id, "reason": f"parent {job_id} cancelled"}
-    if before is Status.RUNNING:
-        yield "request_cancel", params
-        return
-    if before in (Status.PENDING, Status.QUEUED):
-        rows = yield "cancel_unstarted", params
-    elif before is Status.WAITING:
-        rows = yield "cancel_waiting", params
-    else:
-        return
-    if rows:
-        # Its parent is being cancelled too: only its dependents are carried on.
-        moves = moves_of([(parent_id, before, Status.CANCELLED)])
-        parents = {child_id} if before is Status.WAITING else set()
-        ended: list[Ended] = [(child_id, None, Status.CANCELLED)]
-        yield from cascade(dialect, ended, moves=moves, parents=parents)
+    reason = f"parent {job_id} cancelled"
+    for child in below:
+        if child["status"] in ("running", "waiting"):
+            yield "request_cancel", {"id": child["id"], "reason": reason}
+    for child in below:
+        if child["status"] not in ("pending", "queued"):
+            continue
+        locked = yield "lock_job", {"id": child["id"]}
+        rows = yield "cancel_unstarted", {"id": child["id"], "reason": reason}
+        if rows:
+            parent_id = locked[0]["parent_id"]
+            before = Status(locked[0]["status"])
+            moves = moves_of([(parent_id, before, Status.CANCELLED)])
+            yield from cascade(dialect, [(child["id"], parent_id, Status.CANCELLED)], moves=moves)
+    if waiting:  # with nothing left unfinished below it, it ends now (no child's end will)
+        yield from finish_listed(dialect, [job_id])
 
 
 # -- completion callbacks ----------------------------------------------------------------

@@ -272,7 +272,11 @@ async def get_job(
     summary="Cancel a job (a running one is asked to stop: 202)",
     tags=["jobs"],
     responses={
-        202: {"model": s.JobOut, "description": "Running: its worker was asked to stop it."},
+        202: {
+            "model": s.JobOut,
+            "description": "Running: its worker was asked to stop it (a waiting parent: the "
+            "jobs running below it were, and it ends cancelled once they have stopped).",
+        },
         **problems(401, 403, 404, 409, 422, 503),
     },
     openapi_extra=_role(Role.WRITE),

@@ -97,3 +97,22 @@ async def fanout(ctx: JobContext, n: int) -> int:
 @app.job()
 async def item(ctx: JobContext, i: int) -> int:
     return i
+
+
+@app.job()
+async def held_batch(ctx: JobContext, running: int, held: int) -> None:
+    """A parent of ``running`` long children and ``held`` ones in the paused queue ``held``."""
+    await ctx.spawn_many(
+        [Submission("sleepy", {"seconds": 120}, id=f"{ctx.id}.{i}") for i in range(running)]
+        + [
+            Submission("sleepy", {"seconds": 120}, id=f"{ctx.id}.{running + i}", queue="held")
+            for i in range(held)
+        ],
+        on_complete="batch_seen",
+    )
+
+
+@app.job()
+async def batch_seen(ctx: JobContext, batch: dict[str, object]) -> dict[str, object]:
+    """A completion callback that returns the batch it was given."""
+    return batch

@@ -383,9 +383,10 @@ WHERE id = %(id)s AND status IN ('pending', 'queued')
 RETURNING *;
 
 -- name: request_cancel
--- Ask the worker running a job to stop it (a trigger notifies conveyor_cancel).
+-- Ask the worker running a job to stop it (a trigger notifies conveyor_cancel), or a
+-- waiting parent to end cancelled.
 UPDATE conveyor_jobs SET cancel_requested = true, error = %(reason)s
-WHERE id = %(id)s AND status = 'running'
+WHERE id = %(id)s AND status IN ('running', 'waiting')
 RETURNING *;
 
 -- name: register_worker
@@ -703,8 +704,10 @@ WHERE id = %(id)s AND status IN ('failed', 'cancelled') AND retried_by IS NULL
 RETURNING id;
 
 -- name: reopen
--- Move a parent that failed back to waiting: a job below it was retried by hand.
-UPDATE conveyor_jobs SET status = 'waiting', error = NULL, finished_at = NULL
+-- Move a parent that failed back to waiting: a job below it was retried by hand (a
+-- cancel asked of it while it ran is spent: it is decided from its children again).
+UPDATE conveyor_jobs
+SET status = 'waiting', error = NULL, finished_at = NULL, cancel_requested = false
 WHERE id = %(id)s AND status = 'failed'
 RETURNING id, parent_id;
 
@@ -776,9 +779,11 @@ FROM conveyor_jobs j LEFT JOIN conveyor_job_counts c ON c.job_id = j.id
 WHERE j.id = %(id)s;
 
 -- name: finish_waiting
--- End a waiting parent once its last child has ended.
+-- End a waiting parent once its last child has ended (cancelled if a cancel was asked for).
 UPDATE conveyor_jobs
-SET status = %(status)s, error = %(error)s, finished_at = coalesce(%(now)s::timestamptz, now())
+SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE %(status)s END,
+    error = CASE WHEN cancel_requested THEN error ELSE %(error)s END,
+    finished_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND status = 'waiting'
 RETURNING id, parent_id, status;
 
@@ -805,13 +810,6 @@ UPDATE conveyor_jobs
 SET status = 'cancelled', error = %(reason)s, finished_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id, parent_id, status;
-
--- name: cancel_waiting
--- Cancel a waiting parent.
-UPDATE conveyor_jobs
-SET status = 'cancelled', error = %(reason)s, finished_at = coalesce(%(now)s::timestamptz, now())
-WHERE id = %(id)s AND status = 'waiting'
-RETURNING *;
 
 -- name: unfinished_descendants
 -- Every unfinished job below a job in its tree.

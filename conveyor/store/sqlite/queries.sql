@@ -248,9 +248,9 @@ WHERE id = :id AND status IN ('pending', 'queued')
 RETURNING *;
 
 -- name: request_cancel
--- Ask the worker running a job to stop it.
+-- Ask the worker running a job to stop it, or a waiting parent to end cancelled.
 UPDATE conveyor_jobs SET cancel_requested = 1, error = :reason
-WHERE id = :id AND status = 'running'
+WHERE id = :id AND status IN ('running', 'waiting')
 RETURNING *;
 
 -- name: register_worker
@@ -360,8 +360,10 @@ WHERE id = :id AND status IN ('failed', 'cancelled') AND retried_by IS NULL
 RETURNING id;
 
 -- name: reopen
--- Move a parent that failed back to waiting: a job below it was retried by hand.
-UPDATE conveyor_jobs SET status = 'waiting', error = NULL, finished_at = NULL
+-- Move a parent that failed back to waiting: a job below it was retried by hand (a
+-- cancel asked of it while it ran is spent: it is decided from its children again).
+UPDATE conveyor_jobs
+SET status = 'waiting', error = NULL, finished_at = NULL, cancel_requested = 0
 WHERE id = :id AND status = 'failed'
 RETURNING id, parent_id;
 
@@ -455,8 +457,11 @@ DELETE FROM conveyor_job_events WHERE job_id IN (
 );
 
 -- name: finish_waiting
--- End a waiting parent once its last child has ended.
-UPDATE conveyor_jobs SET status = :status, error = :error, finished_at = :now
+-- End a waiting parent once its last child has ended (cancelled if a cancel was asked for).
+UPDATE conveyor_jobs
+SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE :status END,
+    error = CASE WHEN cancel_requested THEN error ELSE :error END,
+    finished_at = :now
 WHERE id = :id AND status = 'waiting'
 RETURNING id, parent_id, status;
 
@@ -481,12 +486,6 @@ RETURNING id, parent_id;
 UPDATE conveyor_jobs SET status = 'cancelled', error = :reason, finished_at = :now
 WHERE id = :id AND status = 'pending'
 RETURNING id, parent_id, status;
-
--- name: cancel_waiting
--- Cancel a waiting parent.
-UPDATE conveyor_jobs SET status = 'cancelled', error = :reason, finished_at = :now
-WHERE id = :id AND status = 'waiting'
-RETURNING *;
 
 -- name: unfinished_descendants
 -- Every unfinished job below a job in its tree.
