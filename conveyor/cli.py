@@ -1530,7 +1530,7 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
 
     health, queues, workers = _run(go())
     now = health.counts.now
-    hint = _hint(health, app_spec) if health.counts.queued else None
+    hint = _health_hint(health, app_spec)
     if as_json:
         print_json(
             {
@@ -1554,6 +1554,21 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
         console.print(f"[yellow]note:[/] {hint}", highlight=False)
     console.print(queues_table(queues))
     console.print(workers_table(workers, now))
+
+
+def _health_hint(health: Health, app_spec: str | None) -> str | None:
+    """Why the verdict is not healthy and what to do, naming APP in the command to run."""
+    from conveyor.core.health import explain
+
+    c = health.counts
+    return explain(
+        workers=c.workers,
+        live_workers=c.live_workers,
+        dead_workers=c.dead_workers,
+        stale_running=c.stale_running,
+        heartbeat_age=health.heartbeat_age,
+        app=app_spec,
+    )
 
 
 def _hint(health: Health, app_spec: str | None) -> str | None:

@@ -56,7 +56,7 @@ from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
-from conveyor.core.health import assess
+from conveyor.core.health import assess, explain
 from conveyor.core.ids import check_job_id, local, new_id, qualify
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, NewJob, as_utc, check_run_at
@@ -778,6 +778,18 @@ class Health:
         """True when no worker would run a queued job now."""
         return not self.counts.live_workers
 
+    @property
+    def hint(self) -> str | None:
+        """Why the verdict is not ``healthy`` and what to do about it (None when it is)."""
+        c = self.counts
+        return explain(
+            workers=c.workers,
+            live_workers=c.live_workers,
+            dead_workers=c.dead_workers,
+            stale_running=c.stale_running,
+            heartbeat_age=self.heartbeat_age,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The verdict and counts, as ``GET /health/ready`` and ``conveyor status --json``
         give them."""
@@ -793,6 +805,7 @@ class Health:
             "dead_workers": c.dead_workers,
             "last_heartbeat": c.last_heartbeat.isoformat() if c.last_heartbeat else None,
             "heartbeat_age": self.heartbeat_age,
+            "hint": self.hint,
             "error": None,
         }
 

@@ -311,6 +311,29 @@ async def test_the_overview_counts_each_tenant_its_own_queues(
     assert "acme-secret-queue" in (await admin.get("/ui/")).text
 
 
+async def test_an_unhealthy_overview_says_why_and_what_to_do(
+    app: Conveyor, api: FastAPI, browser: Any, secrets: dict[str, str]
+):
+    """Issue #30 item 8: after the demo (its only worker stopped) the overview said
+    Unhealthy in red and nothing else."""
+    async with running_worker(app):
+
+        async def live() -> bool:
+            return (await app.health()).counts.live_workers == 1
+
+        await eventually(live)
+    c = browser()
+    await sign_in(c, secrets["read"])
+    page = (await c.get("/ui/")).text
+    assert "unhealthy" in page
+    assert "no live worker: the last heartbeat was" in page
+    assert "start one with `conveyor worker APP`" in page
+    # The same hint in /health/ready's document, for a token.
+    ready = await c.get("/health/ready", headers={"Authorization": f"Bearer {secrets['read']}"})
+    assert ready.status_code == 503
+    assert "start one with `conveyor worker APP`" in ready.json()["hint"]
+
+
 # -- escaping ---------------------------------------------------------------------------------
 
 

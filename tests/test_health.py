@@ -67,6 +67,7 @@ async def test_a_worker_with_a_long_lease_stays_live_between_heartbeats(
     health = await timed.health()
     assert health.status == "healthy", health
     assert health.counts.live_workers == 1 and health.counts.dead_workers == 0
+    assert health.hint is None
     assert health.heartbeat_age == pytest.approx(70.0)
 
 
@@ -91,6 +92,8 @@ async def test_one_dead_worker_among_live_ones_is_degraded(timed: Conveyor, cloc
     health = await timed.health()
     assert (health.counts.live_workers, health.counts.dead_workers) == (1, 1)
     assert health.status == "degraded"
+    assert health.hint is not None and health.hint.startswith("1 worker stopped heartbeating")
+    assert health.to_dict()["hint"] == health.hint
 
 
 async def test_a_worker_that_stopped_cleanly_is_neither_live_nor_dead(

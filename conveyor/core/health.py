@@ -7,7 +7,8 @@ stopped cleanly is neither.
 
 ``unhealthy`` when workers have run on this database but none is live now; ``degraded``
 when no worker has ever run, when some workers are dead, or when running jobs hold
-expired leases not yet rescued; ``healthy`` otherwise.
+expired leases not yet rescued; ``healthy`` otherwise. :func:`explain` says why, and what
+to do, wherever the verdict is shown.
 
 >>> assess(workers=0, live_workers=0, dead_workers=0, stale_running=0)
 'degraded'
@@ -39,6 +40,55 @@ def assess(*, workers: int, live_workers: int, dead_workers: int, stale_running:
     if not workers or dead_workers or stale_running:
         return DEGRADED
     return HEALTHY
+
+
+def explain(
+    *,
+    workers: int,
+    live_workers: int,
+    dead_workers: int,
+    stale_running: int,
+    heartbeat_age: float | None,
+    app: str | None = None,
+) -> str | None:
+    """Say why the verdict is not ``healthy``, and what to do (None when it is).
+
+    >>> explain(workers=1, live_workers=0, dead_workers=0, stale_running=0, heartbeat_age=95.0)
+    'no live worker: the last heartbeat was 95s ago — start one with `conveyor worker APP`'
+    >>> print(explain(workers=3, live_workers=2, dead_workers=1, stale_running=0,
+    ...               heartbeat_age=1.0))  # doctest: +NORMALIZE_WHITESPACE
+    1 worker stopped heartbeating without stopping cleanly (killed, frozen or cut off from
+    the database): its jobs are rescued when their leases expire; look at its host (the
+    Workers page) and restart it
+    >>> explain(workers=2, live_workers=2, dead_workers=0, stale_running=0, heartbeat_age=1.0)
+    """
+    verdict = assess(
+        workers=workers,
+        live_workers=live_workers,
+        dead_workers=dead_workers,
+        stale_running=stale_running,
+    )
+    if verdict == HEALTHY:
+        return None
+    if not live_workers:
+        return no_live_worker(workers=workers, heartbeat_age=heartbeat_age, app=app)
+    reasons = []
+    if dead_workers:
+        one = dead_workers == 1
+        reasons.append(
+            f"{dead_workers} worker{'' if one else 's'} stopped heartbeating without stopping "
+            "cleanly (killed, frozen or cut off from the database): "
+            f"{'its' if one else 'their'} jobs are rescued when their leases expire; look at "
+            f"{'its host' if one else 'their hosts'} (the Workers page) and restart "
+            f"{'it' if one else 'them'}"
+        )
+    if stale_running:
+        # No count: a tenant's token reads this too, and the jobs may be other tenants'.
+        reasons.append(
+            "running jobs hold expired leases not yet rescued: a live worker's rescue duty "
+            "requeues them within its rescue interval"
+        )
+    return "; ".join(reasons)
 
 
 def no_live_worker(*, workers: int, heartbeat_age: float | None, app: str | None = None) -> str:

@@ -279,4 +279,8 @@ class HealthOut(BaseModel):
     )
     last_heartbeat: datetime | None = None
     heartbeat_age: float | None = Field(None, description="Seconds since the newest heartbeat.")
+    hint: str | None = Field(
+        None,
+        description="Why the verdict is not healthy, and what to do (null when healthy).",
+    )
     error: str | None = Field(None, description="Why the database could not be read.")
