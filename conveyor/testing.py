@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -188,19 +188,26 @@ class JobTester:
         Jobs they spawn or unblock run too. With ``advance``, the clock then moves to the
         next queued job's due time (a retry's backoff, a delay) and the drain goes on,
         until no job is queued at all.
+
+        ``queues``: the queues to serve, as ``conveyor worker --queues``; by default those
+        of the application's job types, as ``conveyor worker APP`` serves. A due job left
+        in a queue the drain does not serve (nor a paused one) fails the drain with an
+        ``AssertionError`` naming it: no worker started that way would run it either.
         """
+        served = tuple(queues) if queues else tuple(self.app.registry.queues())
         before = {j.id for j in await self.submitted() if j.status in TERMINAL}
         attempts = 0
         for _ in range(rounds):
-            attempts += await self._burst(queues)
+            attempts += await self._burst(served)
             store = await self.app.store()
             finished = await store.finish_parents(limit=1000)
             if finished:
                 continue
-            if advance and (due := await self._next_due(queues)) is not None:
+            if advance and (due := await self._next_due(served)) is not None:
                 self.clock.now = max(self.clock.now, due.timestamp())
                 continue
             break
+        await self._check_unserved(served, explicit=bool(queues))
         ended: dict[Status, list[str]] = {s: [] for s in TERMINAL}
         for job in await self.submitted():
             if job.status in TERMINAL and job.id not in before:
@@ -259,13 +266,37 @@ class JobTester:
         await worker.run()
         return worker.processed
 
-    async def _next_due(self, queues: Sequence[str] | None) -> datetime | None:
-        queued = [
+    async def _next_due(self, queues: Sequence[str]) -> datetime | None:
+        queued = [j for j in await self.submitted() if j.status is Status.QUEUED]
+        return min((j.run_at for j in queued if j.queue in queues), default=None)
+
+    async def _check_unserved(self, served: Sequence[str], *, explicit: bool) -> None:
+        """Fail loudly when a due job sits in a queue the drain did not serve."""
+        now = datetime.fromtimestamp(self.clock.now, UTC)
+        paused = {q.name for q in await self.app.queues() if q.paused}
+        left = [
             j
             for j in await self.submitted()
-            if j.status is Status.QUEUED and (not queues or j.queue in queues)
+            if j.status is Status.QUEUED
+            and j.run_at <= now
+            and j.queue not in served
+            and j.queue not in paused
         ]
-        return min((j.run_at for j in queued), default=None)
+        if not left:
+            return
+        queues = sorted({j.queue for j in left})
+        how = (
+            f"drain(queues={[*served, *queues]!r}) runs them"
+            if explicit
+            else f"no job type of the application declares {_names(queues)}, so a worker "
+            "started as `conveyor worker APP` does not serve it either: submit to the "
+            f"type's queue, or run them with drain(queues={[*served, *queues]!r}) (and "
+            "start workers with --queues)"
+        )
+        raise AssertionError(
+            f"drain() left {len(left)} due job(s) in {_names(queues)}, which it does not "
+            f"serve ({', '.join(_describe(j) for j in left[:5])}): {how}"
+        )
 
 
 def _matches(job: Job, payload: Mapping[str, Any] | None, options: Mapping[str, Any]) -> bool:
@@ -295,6 +326,10 @@ def _describe_wanted(
         parts.append(f"payload ⊇ {dict(payload)!r}")
     parts += [f"{k}={v!r}" for k, v in options.items()]
     return " ".join(parts)
+
+
+def _names(queues: Sequence[str]) -> str:
+    return ("queue " if len(queues) == 1 else "queues ") + ", ".join(repr(q) for q in queues)
 
 
 def _describe(job: Job) -> str:

@@ -71,6 +71,23 @@ async def test_drain_runs_due_jobs_and_what_they_spawn(jobs: JobTester) -> None:
     assert (await jobs.drain()).succeeded == [later.id]
 
 
+async def test_a_due_job_in_a_queue_no_type_declares_fails_the_drain_loudly(
+    jobs: JobTester,
+) -> None:
+    """Issue #30 item 9: drain() skipped it in silence (``ended == []``)."""
+    stray = await app.submit("receipt", {"order": 3}, queue="stray")
+    with pytest.raises(AssertionError, match=r"left 1 due job\(s\) in queue 'stray'.*receipt "
+                       r".*no job type of the application declares queue 'stray'.*"
+                       r"drain\(queues=\['default', 'mail', 'stray'\]\)"):  # fmt: skip
+        await jobs.drain()
+    result = await jobs.drain(queues=["default", "mail", "stray"])
+    assert result.succeeded == [stray.id]
+    # A paused queue holds its jobs on purpose: no failure for those.
+    await app.pause("stray")
+    await app.submit("receipt", {"order": 4}, queue="stray")
+    assert (await jobs.drain()).ended == []
+
+
 async def test_a_drain_never_fires_a_schedule_tick_only_advance_does(db_url: str) -> None:
     # Three minutes before the nightly tick (02:00): moving the clock by hand past it and
     # draining runs the delayed job alone, whatever the time of day the test runs at.
