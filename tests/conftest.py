@@ -125,3 +125,10 @@ async def procs_app(db_url: str) -> AsyncIterator[Conveyor]:
     await application.migrate()
     yield application
     await application.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Fails a run of the whole store contract that never called some store operation.
+    from tests.store.recording import ContractCheck
+
+    config.pluginmanager.register(ContractCheck(config), "conveyor-store-contract")

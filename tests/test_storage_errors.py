@@ -8,9 +8,7 @@ project's test container; elsewhere these tests are skipped, saying why).
 from __future__ import annotations
 
 import asyncio
-import doctest
 import errno
-import importlib
 import os
 import shutil
 import sqlite3
@@ -231,12 +229,3 @@ async def _logged(workers: WorkerProcesses, text: str) -> bool:
 async def _all_succeeded(store: Store, job_ids: list[str]) -> bool:
     jobs = await store.get_many(job_ids)
     return len(jobs) == len(job_ids) and all(j.status is Status.SUCCEEDED for j in jobs)
-
-
-@pytest.mark.parametrize(
-    "module", ["conveyor.store.sqlite._errors", "conveyor.store.postgres._errors"]
-)
-def test_doctests(module: str) -> None:
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0
-    assert result.failed == 0
