@@ -526,7 +526,8 @@ async def test_health_reports_degraded_healthy_then_unhealthy(
     async with running_worker(app):
 
         async def registered() -> bool:
-            return (await client.get("/health/ready", headers=admin)).json()["live_workers"] == 1
+            ready = (await client.get("/health/ready", headers=admin)).json()
+            return bool(ready["live_workers"] == 1)
 
         await eventually(registered)
         r = await client.get("/health/ready", headers=admin)

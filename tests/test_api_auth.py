@@ -44,7 +44,7 @@ def route_table() -> list[Endpoint]:
         extra = route.openapi_extra or {}
         assert ROLE_KEY in extra, f"{route.path} declares no role: add openapi_extra=role(...)"
         needed = extra[ROLE_KEY]
-        for method in sorted(route.methods):
+        for method in sorted(route.methods or ()):
             path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # {job_id:job}: {job_id}
             out.append(Endpoint(method, path, Role(needed) if needed else None))
     return out

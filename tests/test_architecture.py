@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "conveyor"
 
 # Layers from the inside out; a module may import only its own layer or layers inside it.
-LAYERS = [
+LAYERS: list[tuple[str, Callable[[str], bool]]] = [
     ("core", lambda m: m.startswith("conveyor.core")),
     ("errors", lambda m: m == "conveyor.errors"),
     ("store", lambda m: m.startswith("conveyor.store")),
@@ -93,7 +94,7 @@ def _module_name(path: Path) -> str:
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, wherever the import statement is."""
     tree = ast.parse(path.read_text())
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -142,7 +143,7 @@ def _import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         module = _module_name(path)
-        edges = set()
+        edges: set[str] = set()
         for imported, lazy in _runtime_imports(path):
             if lazy and (module, imported) in LAZY_DOORS:
                 continue

@@ -111,8 +111,10 @@ def test_ids_sort_by_time_and_are_unique() -> None:
     assert len(set(generated)) == 1000
 
 
-def _utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def _utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

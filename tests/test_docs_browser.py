@@ -45,7 +45,12 @@ async def test_docs_work_offline_behind_a_token(tmp_path: Path) -> None:
                         await route.abort()
 
                 await page.route("**/*", offline)
-                page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+
+                def console(message: Any) -> None:
+                    if message.type == "error":
+                        problems.append(message.text)
+
+                page.on("console", console)
                 await page.goto(f"{server.base_url}/docs")
                 await page.get_by_label("API token").fill("cvt_000000000000_wrongwrongwrong")
                 await page.get_by_role("button", name="Show the API").click()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -182,7 +183,7 @@ async def test_named_lease_is_exclusive_fenced_and_kept_in_history(app: Conveyor
     assert [(h.owner, h.ended) for h in history] == [("second", "released"), ("first", "released")]
 
 
-def test_named_lease_sync_form(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_named_lease_sync_form(tmp_path: Path) -> None:
     app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
     with app.lease("singleton", ttl=2) as lease:
         assert lease.token == 1

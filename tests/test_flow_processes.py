@@ -18,6 +18,7 @@ import pytest
 
 from conveyor import Conveyor, JobHandle, Status, Submission
 from conveyor.core.cron import tick_id
+from conveyor.core.model import Job
 from conveyor.store import Store, create_store, sqlite_path
 from tests.helpers import eventually
 from tests.processes import FAST, ROOT, WorkerProcesses
@@ -82,13 +83,13 @@ async def test_rate_limit_holds_across_three_workers_and_other_types_run(
     # recorded (a job's started_at), not against handler starts: on a loaded machine a
     # handler can start long after its claim, and handlers of two windows bunch up.
     claimed = await procs_app.store()
-    starts = sorted(j.started_at.timestamp() for j in await claimed.get_many([j.id for j in rated]))
+    starts = sorted(_started(j) for j in await claimed.get_many([j.id for j in rated]))
     assert len(starts) == 200
     worst = max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
     assert worst <= 20, f"{worst} claims within 1 s"
     assert (starts[-1] - starts[0]) >= 199 / 20 - 1.0
     free_jobs = await claimed.get_many([j.id for j in free])
-    free_starts = [j.started_at.timestamp() for j in free_jobs]
+    free_starts = [_started(j) for j in free_jobs]
     assert len(free_starts) == 50
     assert max(free_starts) < starts[len(starts) // 2], "other types were not held back"
 
@@ -251,8 +252,8 @@ def test_two_processes_racing_for_a_named_lease_never_both_hold_it(
     holds.sort()
     assert len(holds) >= 100
     assert len({h[0] for h in holds}) == len(holds), "every holding has its own token"
-    for (_, _, end, _), (_, start, _, _) in itertools.pairwise(holds):
-        assert end <= start, "two holders at once"
+    for (_, _, ended, _), (_, began, _, _) in itertools.pairwise(holds):
+        assert ended <= began, "two holders at once"
 
 
 def test_processes_opening_a_new_sqlite_file_at_the_same_instant_all_succeed(
@@ -273,3 +274,9 @@ def test_processes_opening_a_new_sqlite_file_at_the_same_instant_all_succeed(
             if opener.returncode != 0:
                 failures.append(err.strip().splitlines()[-1])
     assert not failures, failures
+
+
+def _started(job: Job) -> float:
+    """When a finished job was claimed (its last attempt's start), in epoch seconds."""
+    assert job.started_at is not None, f"{job.id} never started"
+    return job.started_at.timestamp()

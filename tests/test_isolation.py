@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -89,7 +90,7 @@ async def test_a_slow_child_start_is_not_charged_to_the_handlers_time_limit(db_u
         await slow_start.app.close()
 
 
-def test_a_handler_the_child_cannot_import_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_handler_the_child_cannot_import_is_refused(tmp_path: Path) -> None:
     app = Conveyor(f"sqlite:///{tmp_path / 'c.db'}")
     with pytest.raises(ConfigurationError, match="top level of an importable module"):
 

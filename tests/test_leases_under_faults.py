@@ -443,7 +443,11 @@ async def test_jobs_claimed_while_the_event_loop_is_blocked_are_renewed_and_kept
     try:
         # Four slots, all taken: the others below wait until the fillers end.
         for job in (hog_job, *fillers):
-            await eventually(lambda job=job: _true(lambda: probe.status(job.id) == "running"))
+
+            async def running(job_id: str = job.id) -> bool:
+                return probe.status(job_id) == "running"
+
+            await eventually(running)
         ids = [f"other-{n}" for n in range(3)]
         await store.submit([NewJob(id=i, type="other", payload={}) for i in ids])
         probe.hold_write_lock()

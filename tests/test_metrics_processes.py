@@ -48,7 +48,7 @@ def scrape(port: int) -> Counter[str]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith("conveyor_jobs_") and s.name.endswith("_total"):
-                totals[s.name.removeprefix("conveyor_jobs_").removesuffix("_total")] += s.value
+                totals[s.name.removeprefix("conveyor_jobs_").removesuffix("_total")] += int(s.value)
     return totals
 
 

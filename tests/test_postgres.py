@@ -32,8 +32,9 @@ from conveyor import (
 from conveyor.core.model import Settlement
 from conveyor.store import Lease, create_store
 from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres._codec import Q as _Q
 from conveyor.store.postgres._leaves import settle_with_leaves
-from conveyor.store.postgres.backend import _MIGRATIONS, _Q
+from conveyor.store.postgres.backend import _MIGRATIONS
 from tests.helpers import eventually, new, running_worker, settled
 
 psycopg = pytest.importorskip("psycopg")

@@ -6,13 +6,23 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any, cast
 
 import pytest
 
-from conveyor import Cancel, Conveyor, JobContext, Outcome, Retry, Status, Submission
+from conveyor import (
+    Cancel,
+    Conveyor,
+    JobContext,
+    Outcome,
+    Retry,
+    Status,
+    Submission,
+    WorkerOptions,
+)
 from conveyor.core.model import Settlement
-from conveyor.store import Store, create_store
-from tests.helpers import eventually, running_worker, settled
+from conveyor.store import Beat, Store, create_store
+from tests.helpers import eventually, fast_options, running_worker, settled
 
 
 async def test_runs_a_job_and_stores_its_result(app: Conveyor) -> None:
@@ -296,9 +306,7 @@ async def test_burst_worker_exits_when_no_job_is_due(app: Conveyor) -> None:
         assert job.status is Status.SUCCEEDED
 
 
-def fast_options_burst():  # type: ignore[no-untyped-def]
-    from tests.helpers import fast_options
-
+def fast_options_burst() -> WorkerOptions:
     return fast_options(burst=True)
 
 
@@ -386,14 +394,14 @@ async def test_a_sync_handler_that_ignores_cancel_is_abandoned(app: Conveyor) ->
 class CountingStore:
     """Delegates to a real store and counts the calls that write progress."""
 
-    def __init__(self, inner, counts: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, inner: Store, counts: dict[str, int]) -> None:
         self._inner = inner
         self._counts = counts
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def heartbeat(self, **kw):  # type: ignore[no-untyped-def]
+    async def heartbeat(self, **kw: Any) -> Beat:
         if kw["progress"]:
             self._counts["progress_writes"] = self._counts.get("progress_writes", 0) + 1
         return await self._inner.heartbeat(**kw)
@@ -403,8 +411,8 @@ async def test_ten_thousand_progress_calls_cost_a_few_writes(db_url: str) -> Non
     counts: dict[str, int] = {}
 
     class CountingConveyor(Conveyor):
-        def new_store(self):  # type: ignore[no-untyped-def]
-            return CountingStore(super().new_store(), counts)
+        def new_store(self) -> Store:
+            return cast(Store, CountingStore(super().new_store(), counts))
 
     app = CountingConveyor(db_url)
 

@@ -53,7 +53,7 @@ class Values:
         return value if value is None or isinstance(value, datetime) else None
 
     def json(self, value: Any) -> JSON:
-        return value  # type: ignore[no-any-return]
+        return value
 
     def strings(self, value: Any) -> tuple[str, ...]:
         return tuple(value)
@@ -115,7 +115,7 @@ def test_awaited_jobs_found_with_the_settle_are_not_looked_up_again() -> None:
 
 
 def test_a_failed_job_cancels_its_pending_dependents() -> None:
-    cancelled = [{"id": "d", "parent_id": None}]
+    cancelled: list[Row] = [{"id": "d", "parent_id": None}]
     db = Canned({"pending_dependents": [[{"id": "d"}]], "cancel_pending": [cancelled]})
     scripts.drive(scripts.after_settle(DIALECT, [("a", None, Status.FAILED)], awaited={"a"}), db)
     assert db.params("cancel_pending") == [{"id": "d", "reason": "dependency a failed"}]
@@ -233,7 +233,7 @@ def test_nothing_to_prune_deletes_nothing() -> None:
 
 
 def test_a_limited_claim_leaves_out_a_type_at_its_cluster_limit() -> None:
-    candidates = [
+    candidates: list[Row] = [
         {"id": "a1", "type": "a", "tenant": None, "concurrency_key": None},
         {"id": "b1", "type": "b", "tenant": None, "concurrency_key": None},
     ]
