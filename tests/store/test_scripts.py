@@ -128,7 +128,7 @@ def test_a_childs_end_is_counted_and_decides_its_waiting_parent_from_the_new_cou
         {
             "awaited": [[]],
             "count_moves": [[counts(succeeded=2)]],
-            "finish_waiting": [[{"id": "p", "parent_id": None}]],
+            "finish_waiting": [[{"id": "p", "parent_id": None, "status": "succeeded"}]],
             "fire_callbacks": [[]],
         }
     )
@@ -179,9 +179,16 @@ def test_cancel_of_a_missing_job_asks_one_query_and_returns_none() -> None:
 
 def test_a_running_job_is_asked_to_cancel_rather_than_cancelled() -> None:
     running = {"id": "a", "status": "running", "parent_id": None}
-    db = Canned({"lock_job": [[running]], "get": [[running]]})
+    db = Canned({"lock_job": [[running]], "request_cancel": [[{"id": "a"}]], "get": [[running]]})
     job = scripts.drive(scripts.cancel(DIALECT, "a", "stop"), db)
-    assert db.names == ["lock_job", "cancel_unstarted", "cancel_waiting", "request_cancel", "get"]
+    # Asked, then whatever it spawned is stopped too: here, nothing below it.
+    assert db.names == [
+        "lock_job",
+        "cancel_unstarted",
+        "request_cancel",
+        "unfinished_descendants",
+        "get",
+    ]
     assert job is not None and job.status is Status.RUNNING
 
 
