@@ -146,7 +146,7 @@ def render(threads: dict[str, ThreadProfile], seconds: float, rate: int, top: in
     ours.add_column("inclusive", justify="right")
     ours.add_column("self", justify="right")
     # The CLI's frames hold the whole main thread: they are the trunk, not the hot path.
-    trunk = ("(conveyor/cli.py)", "(conveyor/__main__.py)")
+    trunk = ("(conveyor/cli/__init__.py)", "(conveyor/__main__.py)")
     mine = [
         (f, c) for f, c in inclusive.most_common() if "(conveyor/" in f and not f.endswith(trunk)
     ]

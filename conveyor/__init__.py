@@ -3,6 +3,11 @@
 Define handlers with ``@app.job()``, submit jobs from code, run ``conveyor worker``.
 Jobs survive crashes: leases with fencing tokens, heartbeats, rescue of jobs whose
 worker died, retries with backoff, timeouts and graceful shutdown.
+
+Every public name is importable from here; each type a public method returns is among
+them. The package's layers (docs/architecture.md): ``core`` (pure rules), ``store``
+(the database), ``observe`` (logs, metrics, hooks, tracing), ``worker``, ``app`` (the
+:class:`Conveyor` facade and its services), and the edges ``cli`` and ``web``.
 """
 
 from __future__ import annotations
@@ -10,11 +15,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from conveyor import _moved
+
 if TYPE_CHECKING:
-    from conveyor.client import Conveyor, JobDefinition, JobHandle, Submission
-    from conveyor.context import Cancel, JobContext, Retry
+    from conveyor.app.blocking import Blocking
+    from conveyor.app.client import Conveyor, Health
+    from conveyor.app.handles import JobDefinition, JobHandle, JobPage, JobView, Submission
+    from conveyor.app.locks import NamedLease
+    from conveyor.app.ops import Operations
+    from conveyor.app.tenants import TenantLimits
+    from conveyor.core.auth import Principal, Role, Token
+    from conveyor.core.cron import Schedule
+    from conveyor.core.flow import TenantLimit
     from conveyor.core.lifecycle import Status
-    from conveyor.core.model import Attempt, Outcome, Progress
+    from conveyor.core.model import Attempt, NewJob, Outcome, Progress, TreeCounts
     from conveyor.errors import (
         ConfigurationError,
         ConveyorError,
@@ -30,24 +44,49 @@ if TYPE_CHECKING:
         RetryLimitReached,
         UnknownJobType,
     )
-    from conveyor.store import Retention
+    from conveyor.observe.hooks import AttemptEnded, AttemptStarted
+    from conveyor.observe.logs import JobLogger
+    from conveyor.store import (
+        HealthCounts,
+        LeaseRecord,
+        QueueInfo,
+        QueueLag,
+        Retention,
+        ScheduleInfo,
+        Store,
+        WorkerInfo,
+    )
+    from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats
     from conveyor.worker import Worker, WorkerOptions
+    from conveyor.worker.context import Cancel, JobContext, Retry
 
-# Where each public name lives. They are imported when first used (PEP 562), so that
-# `conveyor --help` and a worker's start-up load only what they need; an import error
-# in a module surfaces, with its traceback, where the name is first used.
+# Where each public name lives: the one list of exports (tests/test_architecture.py checks
+# that it, the imports above and __all__ agree). They are imported when first used (PEP
+# 562), so that `conveyor --help` and a worker's start-up load only what they need; an
+# import error in a module surfaces, with its traceback, where the name is first used.
 _EXPORTS = {
-    "Conveyor": "conveyor.client",
-    "JobDefinition": "conveyor.client",
-    "JobHandle": "conveyor.client",
-    "Submission": "conveyor.client",
-    "Cancel": "conveyor.context",
-    "JobContext": "conveyor.context",
-    "Retry": "conveyor.context",
+    "Blocking": "conveyor.app.blocking",
+    "Conveyor": "conveyor.app.client",
+    "Health": "conveyor.app.client",
+    "JobDefinition": "conveyor.app.handles",
+    "JobHandle": "conveyor.app.handles",
+    "JobPage": "conveyor.app.handles",
+    "JobView": "conveyor.app.handles",
+    "Submission": "conveyor.app.handles",
+    "NamedLease": "conveyor.app.locks",
+    "Operations": "conveyor.app.ops",
+    "TenantLimits": "conveyor.app.tenants",
+    "Principal": "conveyor.core.auth",
+    "Role": "conveyor.core.auth",
+    "Token": "conveyor.core.auth",
+    "Schedule": "conveyor.core.cron",
+    "TenantLimit": "conveyor.core.flow",
     "Status": "conveyor.core.lifecycle",
     "Attempt": "conveyor.core.model",
+    "NewJob": "conveyor.core.model",
     "Outcome": "conveyor.core.model",
     "Progress": "conveyor.core.model",
+    "TreeCounts": "conveyor.core.model",
     "ConfigurationError": "conveyor.errors",
     "ConveyorError": "conveyor.errors",
     "DatabaseUnavailable": "conveyor.errors",
@@ -61,7 +100,23 @@ _EXPORTS = {
     "NotAConveyorDatabase": "conveyor.errors",
     "RetryLimitReached": "conveyor.errors",
     "UnknownJobType": "conveyor.errors",
+    "AttemptEnded": "conveyor.observe.hooks",
+    "AttemptStarted": "conveyor.observe.hooks",
+    "JobLogger": "conveyor.observe.logs",
+    "AuditEntry": "conveyor.store.protocol",
+    "JobEvent": "conveyor.store.protocol",
+    "MinuteStats": "conveyor.store.protocol",
+    "HealthCounts": "conveyor.store",
+    "LeaseRecord": "conveyor.store",
+    "QueueInfo": "conveyor.store",
+    "QueueLag": "conveyor.store",
     "Retention": "conveyor.store",
+    "ScheduleInfo": "conveyor.store",
+    "Store": "conveyor.store",
+    "WorkerInfo": "conveyor.store",
+    "Cancel": "conveyor.worker.context",
+    "JobContext": "conveyor.worker.context",
+    "Retry": "conveyor.worker.context",
     "Worker": "conveyor.worker",
     "WorkerOptions": "conveyor.worker",
 }
@@ -80,34 +135,63 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
+_moved.install()
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Attempt",
+    "AttemptEnded",
+    "AttemptStarted",
+    "AuditEntry",
+    "Blocking",
     "Cancel",
     "ConfigurationError",
     "Conveyor",
     "ConveyorError",
     "DatabaseUnavailable",
+    "Health",
+    "HealthCounts",
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidPayload",
     "InvalidState",
     "JobContext",
     "JobDefinition",
+    "JobEvent",
     "JobHandle",
+    "JobLogger",
     "JobNotFound",
+    "JobPage",
+    "JobView",
     "LeaseHeld",
     "LeaseLost",
+    "LeaseRecord",
+    "MinuteStats",
+    "NamedLease",
+    "NewJob",
     "NotAConveyorDatabase",
+    "Operations",
     "Outcome",
+    "Principal",
     "Progress",
+    "QueueInfo",
+    "QueueLag",
     "Retention",
     "Retry",
     "RetryLimitReached",
+    "Role",
+    "Schedule",
+    "ScheduleInfo",
     "Status",
+    "Store",
     "Submission",
+    "TenantLimit",
+    "TenantLimits",
+    "Token",
+    "TreeCounts",
     "UnknownJobType",
     "Worker",
+    "WorkerInfo",
     "WorkerOptions",
 ]

@@ -9,7 +9,7 @@ import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
 from conveyor.testing import JobTester
 
 if importlib.util.find_spec("pytest_asyncio") is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from conveyor.client import Conveyor, JobHandle
+from conveyor.app.client import Conveyor, JobHandle
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.lifecycle import TERMINAL, Status
 from conveyor.core.model import Job

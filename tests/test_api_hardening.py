@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from conveyor import Conveyor
+from conveyor.cli._remote import RemoteClient
 from conveyor.errors import ConfigurationError, InvalidPayload
-from conveyor.remote import RemoteClient
 from conveyor.web import ApiOptions, create_api
 from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build

@@ -19,7 +19,7 @@ from conveyor import (
     Status,
     Submission,
 )
-from conveyor._scoped import TenantView
+from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Principal, Role
 from conveyor.core.model import Settlement, TreeCounts
 from conveyor.store import create_store

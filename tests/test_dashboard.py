@@ -524,14 +524,14 @@ async def test_running_by_worker_and_the_overview_count_of_it(
     job = await app.submit("crawl", {"steps": 10_000, "pause": 0.05}, tenant="acme")
     async with running_worker(app, queues=["slow"]) as worker:
         await eventually(lambda: _is_running(job))
-        assert await app.running_by_worker() == {worker.id: 1}
+        assert await app.ops.running_by_worker() == {worker.id: 1}
         c = browser()
         await sign_in(c, secrets["read"])
         page = (await c.get("/ui/")).text
         assert re.search(rf"{worker.id}</code>.*?<td class=\"num\">1</td>", page, re.S)
         await job.cancel()
         await settled(job, Status.CANCELLED)
-    assert await app.running_by_worker() == {}
+    assert await app.ops.running_by_worker() == {}
 
 
 async def _is_running(job: Any) -> bool:

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from conveyor import Conveyor, JobContext, Status
-from conveyor.hooks import AttemptEnded, AttemptStarted
+from conveyor.observe.hooks import AttemptEnded, AttemptStarted
 from tests.helpers import running_worker, settled
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import Conveyor, JobContext, Retry, Status
-from conveyor.logs import JsonFormatter, TextFormatter, configure, direct_handler
+from conveyor.observe.logs import JsonFormatter, TextFormatter, configure, direct_handler
 from tests.helpers import running_worker, settled
 
 FIELDS = ("job_id", "job_type", "queue", "attempt", "worker")

@@ -10,8 +10,8 @@ import pytest
 from conveyor.core.cron import Cron, Schedule, tick_id
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
-from conveyor.maintenance import CronFirer, ParentFinisher, Pruner, Rescuer
 from conveyor.store import Lease, Retention, Store
+from conveyor.worker._maintenance import CronFirer, ParentFinisher, Pruner, Rescuer
 from tests.helpers import FakeClock, new
 
 

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 
 from conveyor import Cancel, Conveyor, JobContext, Status
-from conveyor.maintenance import Rescuer
 from conveyor.web import create_api
+from conveyor.worker._maintenance import Rescuer
 from tests.helpers import eventually, running_worker, settled
 
 
@@ -127,7 +127,7 @@ async def _drained(app: Conveyor) -> bool:
 def test_a_wait_observed_as_a_timedelta_counts_as_its_seconds() -> None:
     from datetime import timedelta
 
-    from conveyor.metrics import Buckets
+    from conveyor.observe.metrics import Buckets
 
     bounds = (0.005, 0.025, 1, 60)
     as_delta, as_seconds = Buckets(bounds), Buckets(bounds)

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from conveyor import Conveyor, IdempotencyConflict, InvalidState, JobContext, JobNotFound, Status
-from conveyor._handles import Submission
-from conveyor._scoped import TenantView
+from conveyor.app.handles import Submission
+from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Principal, Role
 from conveyor.core.model import NewJob
 from conveyor.errors import Forbidden, InvalidDependency

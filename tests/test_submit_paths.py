@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Conveyor, JobContext, Submission
-from conveyor._registry import json_text_problem
+from conveyor.app.registry import json_text_problem
 from conveyor.core.jsontext import compact, loads, plain_text, strict_compact
 from conveyor.errors import InvalidPayload
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from conveyor import Conveyor, JobContext, Status
-from conveyor._handles import Submission
-from conveyor._scoped import keyed_id
+from conveyor.app.handles import Submission
+from conveyor.app.tenants import keyed_id
 from conveyor.core.model import Job, Outcome, Settlement
 from conveyor.errors import TooManyQueued
 from conveyor.store import Limits, WorkerInfo

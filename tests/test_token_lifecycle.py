@@ -44,7 +44,7 @@ async def test_a_token_stops_working_when_it_expires(app: Conveyor) -> None:
 
     await eventually(expired)
     (listed,) = await app.list_tokens()
-    assert listed.state_at(await app.now()) == "expired"
+    assert listed.state_at(await app.ops.now()) == "expired"
     forever, _ = await app.create_token(tenant="acme", role="read")
     assert forever.expires_at is None
     for bad in ("soon", "0s", -1, "20y"):

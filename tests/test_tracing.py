@@ -142,9 +142,9 @@ def test_without_opentelemetry_installed_jobs_run_untraced(tmp_path: Path) -> No
 import asyncio, sys
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 from conveyor import Conveyor
-from conveyor import _tracing
+from conveyor.observe import tracing
 
-assert not _tracing.enabled() and _tracing.current_traceparent() is None
+assert not tracing.enabled() and tracing.current_traceparent() is None
 app = Conveyor("sqlite:///{tmp_path / "c.db"}")
 
 @app.job()

@@ -70,7 +70,7 @@ def check_job_id(value: object) -> str:
 # a tenant name nor a job id may hold ``/``, so the stored id names exactly one (tenant,
 # id) pair: two tenants' jobs of the same id are two rows, and a name taken in one tenant
 # says nothing about another. Only the tenant-facing surfaces (the REST API and the
-# dashboard, through conveyor._scoped.TenantView) translate between the two forms.
+# dashboard, through conveyor.app.tenants.TenantView) translate between the two forms.
 
 SEPARATOR = "/"
 

@@ -1,7 +1,7 @@
 """The REST API's routes (SPEC §7), at module level: each parses, makes one call, answers.
 
 The rules about who may see and do what live below HTTP in
-:class:`~conveyor._scoped.TenantView`, which the auth dependencies (``Reader``, ``Writer``,
+:class:`~conveyor.app.tenants.TenantView`, which the auth dependencies (``Reader``, ``Writer``,
 ``Admin``) yield; the API's options and shared state are read from ``request.app.state``.
 """
 
@@ -16,10 +16,9 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
-from conveyor._handles import JobPage, Submission
-from conveyor._registry import Registry, json_text_problem
-from conveyor._resource import job_resource
-from conveyor._scoped import TenantView
+from conveyor.app.handles import JobPage, Submission
+from conveyor.app.registry import Registry, json_text_problem
+from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
@@ -34,6 +33,7 @@ from conveyor.web._metrics import CONTENT_TYPE, render, render_tenant
 from conveyor.web._openapi import header, submit_body
 from conveyor.web._problems import RETRY_AFTER, ProblemError
 from conveyor.web._problems import problem_responses as problems
+from conveyor.web._resource import job_resource
 
 if TYPE_CHECKING:
     from conveyor.web._app import ApiOptions

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
 from conveyor.errors import ConfigurationError
 from conveyor.web import _openapi
 from conveyor.web._api import router

@@ -1,7 +1,7 @@
 """Bearer-token authentication and role checks, as FastAPI dependencies.
 
 Each dependency authenticates the request's token against the application in
-``request.app.state.conveyor`` and yields the :class:`~conveyor._scoped.TenantView` of
+``request.app.state.conveyor`` and yields the :class:`~conveyor.app.tenants.TenantView` of
 its principal: the routes act only through it.
 """
 
@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from conveyor._scoped import TenantView
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
+from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Principal, Role
 from conveyor.web._guards import within
 from conveyor.web._problems import ProblemError

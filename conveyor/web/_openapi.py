@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
 from conveyor.web import _schemas as s
 from conveyor.web._problems import FieldError, Problem
 

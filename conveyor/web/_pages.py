@@ -20,10 +20,10 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor._handles import JobPage, encode_cursor
-from conveyor._resource import job_resource
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
+from conveyor.app.handles import JobPage, encode_cursor
 from conveyor.errors import ConfigurationError
+from conveyor.web._resource import job_resource
 from conveyor.web._responses import jobs_prefix
 
 _MAC_CHARS = 32  # base64url characters of the signature kept (192 bits)

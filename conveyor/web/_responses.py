@@ -12,13 +12,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from conveyor._resource import iso, job_resource, job_url
-from conveyor._scoped import as_its_tenant_sees
-from conveyor.client import Health
+from conveyor.app.client import Health
+from conveyor.app.tenants import as_its_tenant_sees
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
 from conveyor.store import QueueInfo, ScheduleInfo, WorkerInfo
 from conveyor.store.protocol import JobEvent
+from conveyor.web._resource import iso, job_resource, job_url
 
 
 def accepted(

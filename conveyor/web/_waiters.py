@@ -11,7 +11,7 @@ import asyncio
 import logging
 import weakref
 
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
 from conveyor.core.model import Job
 
 log = logging.getLogger("conveyor.web")
@@ -71,7 +71,7 @@ class JobWaiters:
             if not ids:
                 break
             try:
-                handles = await self.app.get_many(ids)
+                handles = await self.app.ops.get_many(ids)
             except Exception:
                 # A database hiccup: the waiters keep waiting, the next tick tries again.
                 log.warning("long-poll read failed; retrying next tick", exc_info=True)

@@ -7,7 +7,7 @@ import asyncio
 import os
 
 from conveyor import Conveyor, JobContext
-from conveyor._handles import Submission
+from conveyor.app.handles import Submission
 
 MARKUP_TYPE = '<script>alert("type")</script>'
 

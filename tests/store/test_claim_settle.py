@@ -197,8 +197,9 @@ async def test_a_settle_retried_after_its_answer_was_lost_is_told_from_lost_leas
     store: Store,
 ) -> None:
     # A database restart can lose a settle's answer after its commit: the worker's retry
-    # is refused for those jobs, whose results are recorded, not lost (worker.py).
-    from conveyor.worker import _Run, recorded_before
+    # is refused for those jobs, whose results are recorded, not lost (worker/_completer.py).
+    from conveyor.worker._completer import recorded_before
+    from conveyor.worker._leases import Run
 
     await store.submit([new("recorded"), new("taken")])
     jobs = {job.id: job for job in await claim(store)}
@@ -210,5 +211,5 @@ async def test_a_settle_retried_after_its_answer_was_lost_is_told_from_lost_leas
     retry = [first, Settlement("taken", stale, Status.SUCCEEDED, Outcome.SUCCEEDED)]
     refused = set(await store.settle(retry))
     assert refused == {"recorded", "taken"}
-    batch = [(_Run(jobs[s.job_id], 30.0, 0.0), s) for s in retry]
+    batch = [(Run(jobs[s.job_id], 30.0, 0.0), s) for s in retry]
     assert await recorded_before(store, batch, refused) == {"recorded"}

@@ -1,6 +1,6 @@
 """The dashboard: see and steer jobs from a browser, at ``/ui`` of ``conveyor serve``.
 
-Server-rendered HTML (Jinja2) on the same :class:`~conveyor._scoped.TenantView` operations
+Server-rendered HTML (Jinja2) on the same :class:`~conveyor.app.tenants.TenantView` operations
 as the REST API; a small script of its own refreshes the live parts of a page. Sign in
 with an API token: the session cookie is HttpOnly, SameSite=Strict and Secure over TLS;
 every action is a POST with the session's CSRF token from the dashboard's own origin, and

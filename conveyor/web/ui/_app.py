@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
-from conveyor.client import Conveyor
+from conveyor.app.client import Conveyor
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.store.protocol import MinuteStats, QueueInfo
 from conveyor.web._problems import status_of

@@ -1,5 +1,5 @@
 """The dashboard's pages and actions, at module level: each reads, or acts once, through
-the signed-in principal's :class:`~conveyor._scoped.TenantView`, then renders or redirects.
+the signed-in principal's :class:`~conveyor.app.tenants.TenantView`, then renders or redirects.
 
 GET never changes anything. Every action is a POST that must come from the dashboard's own
 origin with the session's CSRF token; the TenantView checks the role and writes the audit
@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from conveyor._scoped import TenantView
+from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
@@ -42,7 +42,7 @@ from conveyor.web.ui._session import (
 )
 
 if TYPE_CHECKING:
-    from conveyor.client import Conveyor
+    from conveyor.app.client import Conveyor
     from conveyor.web.ui._app import DashboardOptions
     from conveyor.web.ui._session import Sessions
 
@@ -467,7 +467,7 @@ async def job_page(request: Request, job_id: str) -> Response:
     attempts = await view.attempts(job_id)
     tree = await _tree(view, job)
     chain = await _retry_chain(view, job)
-    now = await view.app.now()
+    now = await view.app.ops.now()
     return render(
         request,
         "job.html",
@@ -627,7 +627,7 @@ async def workers_page(request: Request) -> Response:
     by_worker: dict[str, list[Job]] = {}
     for h in running.jobs:
         by_worker.setdefault(h.record.lease_owner or "", []).append(h.record)
-    now = await view.app.now()
+    now = await view.app.ops.now()
     return render(
         request,
         "workers.html",

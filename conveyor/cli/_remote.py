@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from conveyor._handles import JobView
+from conveyor.app.handles import JobView
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, Outcome, Progress, TreeCounts
 from conveyor.errors import (

@@ -10,15 +10,22 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from conveyor._handles import JobHandle, Submission
-from conveyor._registry import Registry
-from conveyor._tenants import TenantLimits
+from conveyor.app.handles import JobHandle, Submission
+from conveyor.app.registry import Registry
 from conveyor.core.cron import Schedule
+from conveyor.core.flow import TenantLimit
 from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError
-from conveyor.hooks import Hooks
-from conveyor.metrics import Metrics
+from conveyor.observe.hooks import Hooks
+from conveyor.observe.metrics import Metrics
 from conveyor.store import Retention, Store, Submitted
+
+
+class TenantLimitsSource(Protocol):
+    """Where a worker reads the operator's per-tenant limits (an app's ``tenants``)."""
+
+    @property
+    def limits(self) -> Mapping[str, TenantLimit]: ...
 
 
 class WorkerHost(Protocol):
@@ -37,7 +44,7 @@ class WorkerHost(Protocol):
     def hooks(self) -> Hooks: ...
 
     @property
-    def tenants(self) -> TenantLimits:
+    def tenants(self) -> TenantLimitsSource:
         """The operator's per-tenant limits, which each claim keeps."""
         ...
 

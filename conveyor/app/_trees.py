@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from conveyor._handles import JobHandle, JobSource
-from conveyor._registry import Registry
+from conveyor.app.handles import JobHandle, JobSource
+from conveyor.app.registry import Registry
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
 from conveyor.errors import (

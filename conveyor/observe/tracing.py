@@ -21,10 +21,9 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from conveyor._handles import Submission
     from conveyor.core.model import Job
 
 _NAME = "conveyor"
@@ -64,8 +63,18 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+class Submitted(Protocol):
+    """What a submit span tells of each job submitted (a :class:`~conveyor.Submission`)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def id(self) -> str | None: ...
+
+
 @contextlib.contextmanager
-def submit_span(jobs: Sequence[Submission]) -> Iterator[None]:
+def submit_span(jobs: Sequence[Submitted]) -> Iterator[None]:
     """Open the span of one submit, when a trace is under way and a tracer configured."""
     if not enabled():
         yield

@@ -1,4 +1,16 @@
-"""One tenant's view of an application: what an API token may see and do.
+"""Tenants, in one place: the operator's limits per tenant (:class:`TenantLimits`) and one
+tenant's view of an application (:class:`TenantView`).
+
+**Limits**: how many of a tenant's jobs may run at once, start
+per period, and wait in the queues.
+
+Set in Python on the application (``app.tenants.limit("acme", concurrency=5)``) or with
+``--tenant-limit acme:concurrency=5,rate=100/m,max_queued=10000`` on ``conveyor worker``
+and ``conveyor serve``; ``"*"`` sets the limit of every tenant without one of its own.
+Concurrency and rate are kept by each claim, on both backends (store/_fairness.py);
+``max_queued`` by each submit of a tenant's jobs, which is refused beyond it.
+
+**Isolation**: what an API token may see and do.
 
 :class:`TenantView` holds the rules every surface that acts for a principal obeys (the
 REST API today; a dashboard or a CLI through a server tomorrow), so that tenant isolation
@@ -22,14 +34,15 @@ is decided, and tested, below HTTP:
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor._handles import JobHandle, JobPage, Submission
-from conveyor.client import Conveyor
+from conveyor.app.handles import JobHandle, JobPage, Submission
 from conveyor.core.auth import Principal, Role, check_tenant
+from conveyor.core.flow import TenantLimit, parse_rate, parse_tenant_limit
 from conveyor.core.ids import SEPARATOR, local, qualify
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, NewJob
@@ -40,7 +53,9 @@ from conveyor.errors import (
     InvalidDependency,
     InvalidState,
     JobNotFound,
+    TooManyQueued,
 )
+from conveyor.store import Store
 from conveyor.store.protocol import (
     AuditEntry,
     JobEvent,
@@ -50,6 +65,9 @@ from conveyor.store.protocol import (
     ScheduleInfo,
     WorkerInfo,
 )
+
+if TYPE_CHECKING:
+    from conveyor.app.client import Conveyor
 
 BULK_LIMIT = 10_000  # the most jobs one bulk action or count reaches
 
@@ -300,7 +318,7 @@ class TenantView:
         await self._check_dependencies(prepared)
         # One transaction: a refusal in the store (a job of another tenant returned for a
         # name, which the namespaces rule out) rolls the whole list back.
-        results = await self.app.submit_many_reporting(scoped, submitted_by=self.who)
+        results = await self.app.ops.submit_many_reporting(scoped, submitted_by=self.who)
         return [(JobHandle(self.app, self.shown(h.record)), new) for h, new in results]
 
     async def cancel(self, job_id: str) -> Job:
@@ -427,8 +445,8 @@ class TenantView:
     async def running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker runs now: of the tenant's jobs, unless an admin."""
         if self.principal.is_admin:
-            return await self.app.running_by_worker()
-        return await self.app.running_by_worker(tenant=self.principal.tenant)
+            return await self.app.ops.running_by_worker()
+        return await self.app.ops.running_by_worker(tenant=self.principal.tenant)
 
     async def pause(self, queue: str) -> None:
         """Stop workers claiming from ``queue`` (admins)."""
@@ -466,32 +484,32 @@ class TenantView:
 
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lease with its current and last holders, newest first."""
-        return await self.app.leases()
+        return await self.app.ops.leases()
 
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
         """What ended per minute since ``since``, across the cluster."""
-        return await self.app.minute_stats(since)
+        return await self.app.ops.minute_stats(since)
 
     # -- the audit log ----------------------------------------------------------------------
 
     async def audit(self, action: str, target: str, detail: str | None = None) -> None:
         """Record an action of this principal in the audit log."""
         entry = AuditEntry(
-            at=await self.app.now(),
+            at=await self.app.ops.now(),
             tenant=self.principal.tenant,
             token_id=self.principal.token_id,
             action=action,
             target=target,
             detail=detail,
         )
-        await self.app.record_audit(entry)
+        await self.app.ops.record_audit(entry)
 
     async def audit_log(
         self, *, before_id: int | None = None, limit: int = 100
     ) -> list[AuditEntry]:
         """The audit log, newest first: every tenant's for an admin, else the tenant's own."""
         tenant = None if self.principal.is_admin else self.principal.tenant
-        return await self.app.audit_log(tenant=tenant, before_id=before_id, limit=limit)
+        return await self.app.ops.audit_log(tenant=tenant, before_id=before_id, limit=limit)
 
     def require(self, role: Role) -> None:
         """Refuse (:class:`Forbidden`) a principal whose role is below ``role``."""
@@ -523,7 +541,7 @@ class TenantView:
         the same tenant's; checked first, so that nothing of a refused list is stored.
         """
         new = {job.id: job for job in jobs}
-        for existing in await self.app.get_many(list(new)):
+        for existing in await self.app.ops.get_many(list(new)):
             job = existing.record
             mine = new[job.id]
             if job.tenant != mine.tenant:  # a row that predates the namespaces
@@ -545,7 +563,7 @@ class TenantView:
         wanted = {d for job in jobs for d in job.depends_on if d not in batch}
         if not wanted:
             return
-        found = await self.app.get_many(sorted(wanted))
+        found = await self.app.ops.get_many(sorted(wanted))
         visible = {h.id for h in found if self.can_see(h.record.tenant)}
         missing = sorted(wanted - visible)
         if missing:
@@ -555,4 +573,63 @@ class TenantView:
             )
 
 
-__all__ = ["TenantView", "as_its_tenant_sees", "keyed_id", "request_differences"]
+__all__ = ["TenantLimits", "TenantView", "as_its_tenant_sees", "keyed_id", "request_differences"]
+
+
+class TenantLimits:
+    """Each tenant's :class:`TenantLimit` (``"*"``: of every tenant without its own)."""
+
+    def __init__(self) -> None:
+        self._limits: dict[str, TenantLimit] = {}
+
+    @property
+    def limits(self) -> Mapping[str, TenantLimit]:
+        return self._limits
+
+    def limit(
+        self,
+        tenant: str,
+        *,
+        concurrency: int | None = None,
+        rate: str | None = None,
+        max_queued: int | None = None,
+    ) -> TenantLimit:
+        """Limit ``tenant``'s jobs: at most ``concurrency`` running across the cluster, at
+        most ``rate`` starts (``"100/m"``), at most ``max_queued`` queued. None: no limit."""
+        try:
+            limit = TenantLimit(
+                concurrency=concurrency,
+                rate=None if rate is None else parse_rate(rate),
+                max_queued=max_queued,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"tenant {tenant!r}: {exc}") from None
+        self._limits[tenant] = limit
+        return limit
+
+    def parse(self, specs: Sequence[str]) -> None:
+        """Apply ``TENANT:concurrency=N,rate=COUNT/PERIOD,max_queued=N`` specifications."""
+        for spec in specs:
+            try:
+                tenant, limit = parse_tenant_limit(spec)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+            self._limits[tenant] = limit
+
+    def of(self, tenant: str) -> TenantLimit | None:
+        return self._limits.get(tenant, self._limits.get("*"))
+
+    async def check_room(self, store: Store, jobs: Sequence[NewJob]) -> None:
+        """Refuse (:class:`TooManyQueued`) jobs that would take a tenant past its
+        ``max_queued``; checked before the submit, so concurrent submits may each pass."""
+        wanted = Counter(job.tenant for job in jobs if job.tenant is not None)
+        for tenant, n in wanted.items():
+            limit = self.of(tenant)
+            if limit is None or limit.max_queued is None:
+                continue
+            queued = await store.count_queued(tenant)
+            if queued + n > limit.max_queued:
+                raise TooManyQueued(
+                    f"tenant {tenant!r} has {queued} jobs queued and may have at most "
+                    f"{limit.max_queued}: submit again once some have run"
+                )

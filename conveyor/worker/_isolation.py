@@ -21,18 +21,18 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor import _blocking
-from conveyor._registry import importable_name
-from conveyor.context import Cancel, JobContext, JobPort, Retry
+from conveyor.app import blocking
+from conveyor.app.registry import importable_name
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, ConveyorError
+from conveyor.worker.context import Cancel, JobContext, JobPort, Retry
 
 if TYPE_CHECKING:
     import multiprocessing.process
     from multiprocessing.connection import Connection
 
-    from conveyor._handles import JobHandle, Submission
-    from conveyor._registry import JobType
+    from conveyor.app.handles import JobHandle, Submission
+    from conveyor.app.registry import JobType
 
 _PROGRESS_INTERVAL = 0.2  # the child sends progress to the parent at most this often
 
@@ -245,7 +245,7 @@ def _child_main(module: str, qualname: str, job: Job, conn: Connection) -> None:
             target = getattr(target, part)
         job_type = target.job_type
         kwargs = job_type.arguments(job.payload)
-        loop = _blocking._portal()
+        loop = blocking._portal()
         ctx = JobContext(job, worker_id=f"child-{job.id}", port=port, loop=loop)
         task_box: list[asyncio.Task[Any]] = []
 

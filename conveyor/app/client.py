@@ -30,8 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, overload
 
-from conveyor import _blocking, _tracing
-from conveyor._handles import (
+from conveyor.app import blocking
+from conveyor.app._submit import check_acyclic, new_job, payloads_by_type
+from conveyor.app._tokens import Tokens
+from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
+from conveyor.app.handles import (
     JobDefinition,
     JobHandle,
     JobPage,
@@ -40,8 +43,9 @@ from conveyor._handles import (
     decode_cursor,
     encode_cursor,
 )
-from conveyor._leases import NamedLease
-from conveyor._registry import (
+from conveyor.app.locks import NamedLease
+from conveyor.app.ops import Operations
+from conveyor.app.registry import (
     Authorize,
     JobOptions,
     JobType,
@@ -49,29 +53,26 @@ from conveyor._registry import (
     check_queue,
     optional_seconds,
 )
-from conveyor._tenants import TenantLimits
-from conveyor._tokens import Tokens
-from conveyor._trees import DEFAULT_RETRY_LIMIT, Trees
+from conveyor.app.tenants import TenantLimits
 from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess, explain
-from conveyor.core.ids import check_job_id, local, new_id, qualify
+from conveyor.core.ids import new_id, qualify
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, NewJob, as_utc, check_run_at
+from conveyor.core.model import JSON, Attempt, NewJob, as_utc
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
     IdempotencyConflict,
-    InvalidDependency,
-    InvalidPayload,
     JobNotFound,
     ScheduleNotFound,
 )
-from conveyor.hooks import AttemptEnded, AttemptStarted, Hooks
-from conveyor.metrics import Metrics
+from conveyor.observe import tracing
+from conveyor.observe.hooks import AttemptEnded, AttemptStarted, Hooks
+from conveyor.observe.metrics import Metrics
 from conveyor.store import (
     HealthCounts,
     JobPageQuery,
@@ -85,7 +86,7 @@ from conveyor.store import (
     WorkerInfo,
     create_store,
 )
-from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats
+from conveyor.store.protocol import JobEvent
 from conveyor.worker import Worker, WorkerOptions
 
 P = ParamSpec("P")
@@ -119,7 +120,9 @@ class Conveyor:
         )
         self._tokens = Tokens(self.store, self.registry)
         self._trees = Trees(self)
-        self.tenants = TenantLimits()  # the operator's per-tenant limits (_tenants.py)
+        self.tenants = TenantLimits()  # the operator's per-tenant limits (app/tenants.py)
+        # What the REST API and the dashboard need beyond this API (app/ops.py).
+        self.ops = Operations(self)
         self.metrics = Metrics()
         self.hooks = Hooks()
 
@@ -327,14 +330,14 @@ class Conveyor:
         ``submitted_by`` says who submits them (``"local"``: code, ``"token:<id>"``...)."""
         # Inside a submit span, the jobs carry its trace context; in a handler, the
         # attempt's (its children's runs then appear under it).
-        traceparent = _tracing.current_traceparent()
+        traceparent = tracing.current_traceparent()
         now = self._wallclock()
-        payloads = _payloads_by_type(self.registry, submissions)
+        payloads = payloads_by_type(self.registry, submissions)
         new_jobs = [
-            _new_job(self.registry, s, now, traceparent, submitted_by, payload)
+            new_job(self.registry, s, now, traceparent, submitted_by, payload)
             for s, payload in zip(submissions, payloads, strict=True)
         ]
-        _check_acyclic(new_jobs)
+        check_acyclic(new_jobs)
         return new_jobs
 
     def handles(self, new_jobs: Sequence[NewJob], results: Sequence[Submitted]) -> list[JobHandle]:
@@ -366,7 +369,7 @@ class Conveyor:
 
         ``connection``: as for :meth:`submit`, the application's own transaction.
         """
-        with _tracing.submit_span(submissions):
+        with tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions)
             store = await self.store()
             await self.tenants.check_room(store, new_jobs)
@@ -486,7 +489,7 @@ class Conveyor:
     async def retry_failed_children(self, job_id: str, **kw: Any) -> list[JobHandle]:
         """Retry every failed job below ``job_id`` (the failures, not the parents they
         failed) in one transaction, re-opening its ancestors once; return the new jobs.
-        Options: see :meth:`conveyor._trees.Trees.retry_failed_children`."""
+        Options: see :meth:`conveyor.app._trees.Trees.retry_failed_children`."""
         return await self._trees.retry_failed_children(job_id, **kw)
 
     async def events(self, job_id: str) -> list[JobEvent]:
@@ -664,32 +667,9 @@ class Conveyor:
     @property
     def sync(self) -> Any:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
-        return _blocking.Blocking(self)
+        return blocking.Blocking(self)
 
-    # -- the REST API's submits and reads, health, API tokens ----------------------------
-
-    async def submit_many_reporting(
-        self, submissions: Sequence[Submission], *, submitted_by: str = "local"
-    ) -> list[tuple[JobHandle, bool]]:
-        """Submit as :meth:`submit_many`; also say whether each job was created by this call.
-
-        False means an existing job was returned: the same id, or an active job holding
-        the same ``unique_key``.
-        """
-        with _tracing.submit_span(submissions):
-            new_jobs = self.prepare(submissions, submitted_by=submitted_by)
-            store = await self.store()
-            await self.tenants.check_room(store, new_jobs)
-            results = await store.submit(new_jobs)
-        handles = self.handles(new_jobs, results)
-        return [(h, r.created) for h, r in zip(handles, results, strict=True)]
-
-    async def get_many(self, job_ids: Sequence[str]) -> list[JobHandle]:
-        """Return the jobs that exist among ``job_ids``, in one query, in no given order."""
-        if not job_ids:
-            return []
-        jobs = await (await self.store()).get_many(list(dict.fromkeys(job_ids)))
-        return [JobHandle(self, j) for j in jobs]
+    # -- health, API tokens --------------------------------------------------------------
 
     async def health(self) -> Health:
         """Report the cluster's health: counts and ``healthy``, ``degraded`` or ``unhealthy``.
@@ -734,35 +714,6 @@ class Conveyor:
     async def authorize(self, principal: Principal, type: str, payload: Mapping[str, JSON]) -> None:
         """Run the ``authorize=`` check of a job type for ``principal``; raise Forbidden."""
         await self._tokens.authorize(principal, type, payload)
-
-    # -- what the dashboard reads and records -------------------------------------------
-
-    async def now(self) -> datetime:
-        """The store's clock (the database's, where it has one)."""
-        return await (await self.store()).now()
-
-    async def record_audit(self, entry: AuditEntry) -> None:
-        """Append an action to the audit log."""
-        await (await self.store()).record_audit(entry)
-
-    async def audit_log(
-        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
-    ) -> list[AuditEntry]:
-        """The audit log, newest first (``tenant``: only that tenant's entries)."""
-        return await (await self.store()).audit_log(tenant=tenant, before_id=before_id, limit=limit)
-
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
-        return await (await self.store()).minute_stats(since)
-
-    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
-        """Every named lease with its current and last holders, newest first."""
-        store = await self.store()
-        return [(name, await store.lease_history(name)) for name in await store.lease_names()]
-
-    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
-        """How many jobs each worker is running now (``tenant``: of that tenant's jobs)."""
-        return await (await self.store()).running_by_worker(tenant=tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -810,13 +761,6 @@ class Health:
         }
 
 
-def _run_at(value: datetime | None) -> datetime | None:
-    try:
-        return check_run_at(value) if value is not None else None
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
-
-
 def _rate(value: str | None) -> tuple[int, float] | None:
     if value is None:
         return None
@@ -824,133 +768,6 @@ def _rate(value: str | None) -> tuple[int, float] | None:
         return parse_rate(value)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-
-
-# A batch with at least this many jobs of a type validates their payloads in one call.
-_VALIDATE_TOGETHER = 16
-
-
-def _payloads_by_type(
-    registry: Registry, submissions: Sequence[Submission]
-) -> list[dict[str, JSON] | None]:
-    """The payloads of a large batch, validated a type at a time (None: not yet).
-
-    Only a shortcut: should anything be wrong (an unknown type, a bad payload), nothing is
-    validated here and :func:`_new_job` checks each job in order, raising for the first
-    bad one as it always did.
-    """
-    payloads: list[dict[str, JSON] | None] = [None] * len(submissions)
-    if len(submissions) < _VALIDATE_TOGETHER:
-        return payloads
-    by_type: dict[str, list[int]] = {}
-    for i, s in enumerate(submissions):
-        by_type.setdefault(s.type, []).append(i)
-    try:
-        for name, where in by_type.items():
-            if len(where) >= _VALIDATE_TOGETHER:
-                checked = registry.get(name).validate_many([submissions[i].payload for i in where])
-                for i, payload in zip(where, checked, strict=True):
-                    payloads[i] = payload
-    except Exception:  # whatever it is, the checks one by one raise it in order
-        return [None] * len(submissions)
-    return payloads
-
-
-def _new_job(
-    registry: Registry,
-    s: Submission,
-    now: float,
-    traceparent: str | None,
-    submitted_by: str,
-    payload: dict[str, JSON] | None = None,
-) -> NewJob:
-    """The job ``s`` describes, checked against its type and with the type's defaults
-    (``payload``: its payload, validated already)."""
-    job_type = registry.get(s.type)
-    options = job_type.options
-    if payload is None:
-        payload = job_type.validate(s.payload)
-    if s.id is not None:
-        try:
-            check_job_id(local(s.tenant, s.id))
-        except ValueError as exc:
-            raise InvalidPayload(s.type, str(exc)) from None
-    queue = s.queue if s.queue is not None else options.queue
-    check_queue(queue)
-    max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ConfigurationError(f"max_attempts must be at least 1, not {max_attempts!r}")
-    priority = s.priority if s.priority is not None else options.priority
-    if not isinstance(priority, int):
-        raise ConfigurationError(f"priority must be an integer, not {priority!r}")
-    timeout = optional_seconds(s.timeout, "timeout")
-    delay = optional_seconds(s.delay, "delay") or 0.0
-    depends_on: tuple[str, ...] = ()
-    if s.tenant is None and s.depends_on == ():
-        # Nothing to qualify: a new id or a checked client id holds no '/'.
-        job_id = s.id or new_id(now)
-    else:
-        job_id, depends_on = _stored_names(s, s.id or new_id(now))
-    return NewJob(
-        id=job_id,
-        type=s.type,
-        payload=payload,
-        queue=queue,
-        priority=priority,
-        run_at=_run_at(s.run_at),
-        delay=delay,
-        max_attempts=max_attempts,
-        timeout=timeout if timeout is not None else options.timeout,
-        lease=options.lease,
-        backoff_base=options.backoff.base,
-        backoff_cap=options.backoff.cap,
-        tenant=s.tenant,
-        unique_key=s.unique_key,
-        concurrency_key=s.concurrency_key,
-        depends_on=depends_on,
-        trace_context=traceparent,
-        submitted_by=submitted_by,
-    )
-
-
-def _stored_names(s: Submission, job_id: str) -> tuple[str, tuple[str, ...]]:
-    """A job's stored id and those of the jobs it waits for, qualified with its tenant,
-    so that names never reach into another tenant (core/ids.py)."""
-    try:
-        depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
-        return qualify(s.tenant, job_id), depends_on
-    except ValueError as exc:
-        raise InvalidPayload(s.type, str(exc)) from None
-
-
-def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-        raise InvalidDependency("depends_on takes a list of job ids, e.g. depends_on=[a.id, b.id]")
-    return tuple(dict.fromkeys(value))
-
-
-def _check_acyclic(jobs: Sequence[NewJob]) -> None:
-    """Refuse dependency cycles among jobs submitted together (or a job on itself).
-
-    Jobs already stored cannot be part of a cycle: they cannot depend on a job that does
-    not exist yet.
-    """
-    edges = {job.id: [d for d in job.depends_on] for job in jobs if job.depends_on}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(node: str, path: list[str]) -> None:
-        if state.get(node) == 2 or node not in edges:
-            return
-        if state.get(node) == 1:
-            cycle = " -> ".join([*path[path.index(node) :], node])
-            raise InvalidDependency(f"dependency cycle: {cycle}; a job cannot wait for itself")
-        state[node] = 1
-        for upstream in edges[node]:
-            visit(upstream, [*path, node])
-        state[node] = 2
-
-    for node in edges:
-        visit(node, [])
 
 
 __all__ = [

@@ -14,14 +14,14 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from conveyor._handles import Submission
+from conveyor.app.handles import Submission
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.errors import ConfigurationError, LeaseLost
-from conveyor.logs import JobLogger, job_fields
+from conveyor.observe.logs import JobLogger, job_fields
 
 if TYPE_CHECKING:
-    from conveyor._handles import JobHandle
+    from conveyor.app.handles import JobHandle
 
 
 class Retry(Exception):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
-from conveyor._registry import Registry
+from conveyor.app.registry import Registry
 from conveyor.core.auth import (
     Principal,
     Role,

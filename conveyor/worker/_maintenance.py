@@ -14,7 +14,7 @@ from typing import Protocol
 
 from conveyor.core.cron import check_grace, next_check
 from conveyor.core.retry import pause_after_failures
-from conveyor.metrics import Metrics
+from conveyor.observe.metrics import Metrics
 from conveyor.store import Rescued, Retention, Store
 
 log = logging.getLogger("conveyor.maintenance")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
-from conveyor import _blocking
+from conveyor.app import blocking
 from conveyor.core.durations import Duration
 from conveyor.core.ids import qualify
 from conveyor.core.lifecycle import Status
@@ -27,7 +27,7 @@ from conveyor.errors import ConfigurationError
 if TYPE_CHECKING:
     from starlette.responses import JSONResponse
 
-    from conveyor._registry import JobType
+    from conveyor.app.registry import JobType
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -173,7 +173,7 @@ class JobHandle(JobView):
     @property
     def sync(self) -> Any:
         """Blocking versions of this handle's coroutine methods."""
-        return _blocking.Blocking(self)
+        return blocking.Blocking(self)
 
     def accepted(
         self, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
@@ -217,7 +217,7 @@ class JobDefinition(Generic[P, R]):
 
     def submit_sync(self, **payload: Any) -> JobHandle:
         """Blocking :meth:`submit`, for code that is not async."""
-        return _blocking.run(self.submit(**payload))
+        return blocking.run(self.submit(**payload))
 
 
 @dataclass(frozen=True, slots=True)

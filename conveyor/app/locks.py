@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from conveyor import _blocking
+from conveyor.app import blocking
 from conveyor.errors import ConfigurationError, LeaseHeld
 from conveyor.store import Store
 
@@ -86,7 +86,7 @@ class NamedLease:
         await self.release()
 
     def __enter__(self) -> NamedLease:
-        return _blocking.run(self.acquire())
+        return blocking.run(self.acquire())
 
     def __exit__(self, *exc: object) -> None:
-        _blocking.run(self.release())
+        blocking.run(self.release())

@@ -1,0 +1,149 @@
+"""Submit validation, for the :class:`~conveyor.Conveyor` facade: a submission checked
+against its job type and turned into the :class:`~conveyor.core.model.NewJob` the store
+takes, payloads of large batches validated a type at a time, and dependency cycles among
+jobs submitted together refused before anything is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from conveyor.app.handles import Submission
+from conveyor.app.registry import Registry, check_queue, optional_seconds
+from conveyor.core.ids import check_job_id, local, new_id, qualify
+from conveyor.core.model import JSON, NewJob, check_run_at
+from conveyor.errors import ConfigurationError, InvalidDependency, InvalidPayload
+
+
+def _run_at(value: datetime | None) -> datetime | None:
+    try:
+        return check_run_at(value) if value is not None else None
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+# A batch with at least this many jobs of a type validates their payloads in one call.
+_VALIDATE_TOGETHER = 16
+
+
+def payloads_by_type(
+    registry: Registry, submissions: Sequence[Submission]
+) -> list[dict[str, JSON] | None]:
+    """The payloads of a large batch, validated a type at a time (None: not yet).
+
+    Only a shortcut: should anything be wrong (an unknown type, a bad payload), nothing is
+    validated here and :func:`new_job` checks each job in order, raising for the first
+    bad one as it always did.
+    """
+    payloads: list[dict[str, JSON] | None] = [None] * len(submissions)
+    if len(submissions) < _VALIDATE_TOGETHER:
+        return payloads
+    by_type: dict[str, list[int]] = {}
+    for i, s in enumerate(submissions):
+        by_type.setdefault(s.type, []).append(i)
+    try:
+        for name, where in by_type.items():
+            if len(where) >= _VALIDATE_TOGETHER:
+                checked = registry.get(name).validate_many([submissions[i].payload for i in where])
+                for i, payload in zip(where, checked, strict=True):
+                    payloads[i] = payload
+    except Exception:  # whatever it is, the checks one by one raise it in order
+        return [None] * len(submissions)
+    return payloads
+
+
+def new_job(
+    registry: Registry,
+    s: Submission,
+    now: float,
+    traceparent: str | None,
+    submitted_by: str,
+    payload: dict[str, JSON] | None = None,
+) -> NewJob:
+    """The job ``s`` describes, checked against its type and with the type's defaults
+    (``payload``: its payload, validated already)."""
+    job_type = registry.get(s.type)
+    options = job_type.options
+    if payload is None:
+        payload = job_type.validate(s.payload)
+    if s.id is not None:
+        try:
+            check_job_id(local(s.tenant, s.id))
+        except ValueError as exc:
+            raise InvalidPayload(s.type, str(exc)) from None
+    queue = s.queue if s.queue is not None else options.queue
+    check_queue(queue)
+    max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be at least 1, not {max_attempts!r}")
+    priority = s.priority if s.priority is not None else options.priority
+    if not isinstance(priority, int):
+        raise ConfigurationError(f"priority must be an integer, not {priority!r}")
+    timeout = optional_seconds(s.timeout, "timeout")
+    delay = optional_seconds(s.delay, "delay") or 0.0
+    depends_on: tuple[str, ...] = ()
+    if s.tenant is None and s.depends_on == ():
+        # Nothing to qualify: a new id or a checked client id holds no '/'.
+        job_id = s.id or new_id(now)
+    else:
+        job_id, depends_on = _stored_names(s, s.id or new_id(now))
+    return NewJob(
+        id=job_id,
+        type=s.type,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        run_at=_run_at(s.run_at),
+        delay=delay,
+        max_attempts=max_attempts,
+        timeout=timeout if timeout is not None else options.timeout,
+        lease=options.lease,
+        backoff_base=options.backoff.base,
+        backoff_cap=options.backoff.cap,
+        tenant=s.tenant,
+        unique_key=s.unique_key,
+        concurrency_key=s.concurrency_key,
+        depends_on=depends_on,
+        trace_context=traceparent,
+        submitted_by=submitted_by,
+    )
+
+
+def _stored_names(s: Submission, job_id: str) -> tuple[str, tuple[str, ...]]:
+    """A job's stored id and those of the jobs it waits for, qualified with its tenant,
+    so that names never reach into another tenant (core/ids.py)."""
+    try:
+        depends_on = tuple(qualify(s.tenant, d) for d in _dependency_ids(s.depends_on))
+        return qualify(s.tenant, job_id), depends_on
+    except ValueError as exc:
+        raise InvalidPayload(s.type, str(exc)) from None
+
+
+def _dependency_ids(value: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidDependency("depends_on takes a list of job ids, e.g. depends_on=[a.id, b.id]")
+    return tuple(dict.fromkeys(value))
+
+
+def check_acyclic(jobs: Sequence[NewJob]) -> None:
+    """Refuse dependency cycles among jobs submitted together (or a job on itself).
+
+    Jobs already stored cannot be part of a cycle: they cannot depend on a job that does
+    not exist yet.
+    """
+    edges = {job.id: [d for d in job.depends_on] for job in jobs if job.depends_on}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == 2 or node not in edges:
+            return
+        if state.get(node) == 1:
+            cycle = " -> ".join([*path[path.index(node) :], node])
+            raise InvalidDependency(f"dependency cycle: {cycle}; a job cannot wait for itself")
+        state[node] = 1
+        for upstream in edges[node]:
+            visit(upstream, [*path, node])
+        state[node] = 2
+
+    for node in edges:
+        visit(node, [])
