@@ -84,6 +84,3 @@ def main(log_level: str) -> None:
     # httpx logs every request at INFO; a command acting through --url prints its own result.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
-
-if __name__ == "__main__":
-    main()
