@@ -83,4 +83,3 @@ def main(log_level: str) -> None:
     setup_logging(log_level, "text")
     # httpx logs every request at INFO; a command acting through --url prints its own result.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
