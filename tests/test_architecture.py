@@ -7,6 +7,7 @@ import importlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,18 +28,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("app values", ("conveyor.app.handles", "conveyor.app.registry", "conveyor.app.blocking")),
     ("worker", ("conveyor.worker",)),
     ("app", ("conveyor.app",)),
-    (
-        "edges",
-        (
-            "conveyor.cli",
-            "conveyor.web",
-            "conveyor.testing",
-            "conveyor._pytest_plugin",
-            "conveyor._moved",
-            "conveyor.__main__",
-        ),
-    ),
-    ("package", ("conveyor",)),
+    # The REST API and the dashboard; the CLI serves them (`conveyor serve`), never the
+    # other way round.
+    ("web", ("conveyor.web",)),
+    ("cli", ("conveyor.cli", "conveyor.__main__")),
+    # The testing kit for applications' own tests, and its pytest plugin.
+    ("testing", ("conveyor.testing", "conveyor._pytest_plugin")),
+    # The package: its public names, and the old module paths it keeps working.
+    ("package", ("conveyor", "conveyor._moved")),
 ]
 
 # Imports that point outward on purpose, each run lazily inside one function.
@@ -173,39 +170,138 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def test_imports_point_inward() -> None:
+def _outward(imports: Mapping[str, Iterable[str]]) -> list[str]:
+    """The imports of ``imports`` (module -> what it imports) that point outward."""
     wrong = []
-    for path in PACKAGE.rglob("*.py"):
-        module = _module_name(path)
+    for module, imported_ones in imports.items():
         own = _layer(module)
-        for imported in _imports(path):
+        for imported in imported_ones:
             inside = imported.startswith("conveyor") and imported != "conveyor"
             if inside and _layer(imported) > own and (module, imported) not in LAZY_DOORS:
                 wrong.append(f"{module} ({LAYERS[own][0]}) imports {imported}")
-    assert not wrong, "imports that point outward:\n" + "\n".join(sorted(wrong))
+    return sorted(wrong)
 
 
-def test_core_is_pure() -> None:
+def _all_imports() -> dict[str, set[str]]:
+    return {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+def test_imports_point_inward() -> None:
+    wrong = _outward(_all_imports())
+    assert not wrong, "imports that point outward:\n" + "\n".join(wrong)
+
+
+def test_the_layer_check_sees_an_outward_import() -> None:
+    # Deliberate breakages, as the architecture review made them in a clone.
+    assert _outward({"conveyor.web._api": {"conveyor.cli"}}) == [
+        "conveyor.web._api (web) imports conveyor.cli"
+    ]
+    assert _outward({"conveyor.worker.context": {"conveyor.app.client"}}) != []
+    assert _outward({"conveyor.core.model": {"conveyor.store.protocol"}}) != []
+    assert _outward({"conveyor.cli.jobs": {"conveyor.web._api", "conveyor.core.ids"}}) == []
+    with pytest.raises(AssertionError, match="belongs to no layer"):
+        _layer("conveyor.newthing")
+
+
+# Where each database driver may be imported: inside its own backend package only, so
+# that the shared store modules (the scripts, the reads, fairness, rows) stay dialect-free.
+DRIVER_HOMES = {
+    "sqlite3": "conveyor.store.sqlite.",
+    "psycopg": "conveyor.store.postgres.",
+    "psycopg_pool": "conveyor.store.postgres.",
+}
+
+
+def _driver_offenders(imports: Mapping[str, Iterable[str]]) -> list[str]:
+    offenders = []
+    for module, imported_ones in imports.items():
+        for imported in imported_ones:
+            home = DRIVER_HOMES.get(imported.split(".")[0])
+            if home is not None and not module.startswith(home):
+                offenders.append(f"{module} imports {imported}")
+    return sorted(offenders)
+
+
+def test_drivers_are_imported_only_in_their_backend() -> None:
+    assert _driver_offenders(_all_imports()) == []
+
+
+def test_the_driver_check_sees_a_driver_outside_its_backend() -> None:
+    assert _driver_offenders({"conveyor.store._scripts": {"sqlite3"}}) == [
+        "conveyor.store._scripts imports sqlite3"
+    ]
+    assert _driver_offenders({"conveyor.store.sqlite.backend": {"psycopg.errors"}}) != []
+    assert _driver_offenders({"conveyor.store": {"psycopg_pool"}}) != []
+    assert _driver_offenders({"conveyor.worker._worker": {"sqlite3"}}) != []
+    assert _driver_offenders({"conveyor.store.postgres._codec": {"psycopg", "psycopg.sql"}}) == []
+
+
+def test_core_imports_no_driver_and_no_clock() -> None:
     impure = []
     for path in (PACKAGE / "core").rglob("*.py"):
         for imported in _imports(path):
             root = imported.split(".")[0]
-            if root in DRIVERS or root in {"time", "random", "socket", "os.path"}:
+            if root in DRIVERS or root in {"time", "random", "socket"}:
                 impure.append(f"{_module_name(path)} imports {imported}")
-    # ids draw randomness from os.urandom by design; everything else is pure.
     assert impure == [], impure
 
 
-def test_only_backends_import_database_drivers() -> None:
-    offenders = []
-    for path in PACKAGE.rglob("*.py"):
-        module = _module_name(path)
-        if module.startswith("conveyor.store."):
+# Reads of the clock, the process or the machine; the core takes such facts as arguments.
+IMPURE_READS = {
+    ("datetime", "now"),
+    ("datetime", "utcnow"),
+    ("datetime", "today"),
+    ("date", "today"),
+    ("time", "*"),
+    ("os", "*"),
+    ("random", "*"),
+}
+
+# The core's reads of the process, each with its reason.
+CORE_READS_ALLOWED = {
+    # A new id's random part; its time part is passed in (core/ids.py new_id(now)).
+    ("conveyor.core.ids", "os.urandom"),
+}
+
+
+def _impure_reads(module: str, source: str) -> list[str]:
+    """``name.attribute`` reads in ``source`` that consult the clock or the process."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
             continue
-        for imported in _imports(path):
-            if imported.split(".")[0] in {"sqlite3", "psycopg", "psycopg_pool"}:
-                offenders.append(f"{module} imports {imported}")
-    assert offenders == [], offenders
+        base = node.value
+        name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+        if name is None:
+            continue
+        read = f"{name}.{node.attr}"
+        if ((name, node.attr) in IMPURE_READS or (name, "*") in IMPURE_READS) and (
+            module,
+            read,
+        ) not in CORE_READS_ALLOWED:
+            found.append(f"{module}: {read}")
+    return sorted(found)
+
+
+def test_core_reads_no_clock_and_no_process() -> None:
+    found = []
+    for path in (PACKAGE / "core").rglob("*.py"):
+        found += _impure_reads(_module_name(path), path.read_text())
+    assert found == [], found
+
+
+def test_the_purity_check_sees_clock_and_process_reads() -> None:
+    model = "conveyor.core.model"
+    assert _impure_reads(model, "def f():\n    return datetime.now(UTC)\n") == [
+        f"{model}: datetime.now"
+    ]
+    assert _impure_reads(model, "x = datetime.datetime.utcnow()") == [f"{model}: datetime.utcnow"]
+    assert _impure_reads(model, "pid = os.getpid()") == [f"{model}: os.getpid"]
+    assert _impure_reads(model, "home = os.environ['HOME']") == [f"{model}: os.environ"]
+    assert _impure_reads(model, "t = time.time()") == [f"{model}: time.time"]
+    assert _impure_reads(model, "b = os.urandom(10)") == [f"{model}: os.urandom"]
+    assert _impure_reads("conveyor.core.ids", "b = os.urandom(10)") == []
+    assert _impure_reads(model, "def f(now): return now.replace(tzinfo=UTC)") == []
 
 
 def test_no_import_cycle() -> None:
@@ -299,17 +395,80 @@ def test_the_package_loads_its_parts_when_first_used() -> None:
     ]
 
 
-def test_no_function_over_80_lines_and_no_class_over_700() -> None:
-    # From `def`/`class` to its last line, as the architecture review measured them.
-    offenders = []
+# Sizes are gated on what code does, not on its lines: statements (a docstring or a comment
+# costs nothing, so no gate rewards deleting documentation) and public methods. Each
+# allowance names its reason; an allowance nothing needs any more fails the test.
+MAX_FUNCTION_STATEMENTS = 50
+MAX_CLASS_STATEMENTS = 300
+MAX_PUBLIC_METHODS = 30
+MAX_MODULE_LINES = 800
+
+ALLOWANCES = {
+    # The storage seam: one operation per thing that happens to jobs. Callers that need
+    # less see less through the facade and its services.
+    "conveyor/store/protocol.py:Store public methods",
+    # The application API, one facade by design (River's Client, Oban's top module); what
+    # only operators' tools use lives in app.ops.
+    "conveyor/app/client.py:Conveyor public methods",
+    # One backend implements the whole Store protocol over its pool, lanes and codec; the
+    # operations that are one shared script are delegated (store/_scripted.py).
+    "conveyor/store/postgres/backend.py:PostgresStore statements",
+    # The shared transaction scripts, cohesive by mechanism (generators of named queries);
+    # splitting them by domain, each with its own tests, is the next step.
+    "conveyor/store/_scripts.py lines",
+}
+
+
+def _statements(node: ast.AST) -> int:
+    """Statements below ``node``, its docstring not counted."""
+    count = sum(isinstance(n, ast.stmt) for n in ast.walk(node)) - 1
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        count -= isinstance(body[0].value.value, str)
+    return count
+
+
+def _oversized(name: str, source: str) -> list[str]:
+    """What in module ``name`` is over a size gate, allowed or not."""
+    over = []
+    if len(source.splitlines()) > MAX_MODULE_LINES:
+        over.append(f"{name} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if _statements(node) > MAX_FUNCTION_STATEMENTS:
+                over.append(f"{name}:{node.name} statements")
+        elif isinstance(node, ast.ClassDef):
+            if _statements(node) > MAX_CLASS_STATEMENTS:
+                over.append(f"{name}:{node.name} statements")
+            public = {
+                m.name
+                for m in node.body
+                if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)
+                and not m.name.startswith("_")
+            }
+            if len(public) > MAX_PUBLIC_METHODS:
+                over.append(f"{name}:{node.name} public methods")
+    return over
+
+
+def test_sizes_follow_responsibilities() -> None:
+    over = set()
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            limit = 80 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else 700
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > limit:
-                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
-    assert offenders == [], offenders
+        over.update(_oversized(str(path.relative_to(PACKAGE.parent)), path.read_text()))
+    assert sorted(over - ALLOWANCES) == [], "split these by responsibility"
+    assert sorted(ALLOWANCES - over) == [], "allowances no longer needed: remove them"
+
+
+def test_the_size_gates_see_big_code_and_ignore_docs() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_STATEMENTS + 1))
+    assert _oversized("m.py", f"def f():\n{body}") == ["m.py:f statements"]
+    # Documentation is free: a long docstring and comments do not count.
+    docs = '    """' + "A line of documentation.\n" * 900 + '    """\n' + "    # why\n" * 10
+    assert _oversized("m.py", f"def f():\n{docs}    return 1\n") == ["m.py lines"]
+    methods = "".join(f"    def m{i}(self): pass\n" for i in range(MAX_PUBLIC_METHODS + 1))
+    assert _oversized("m.py", f"class C:\n{methods}") == ["m.py:C public methods"]
+    private = "".join(f"    def _m{i}(self): pass\n" for i in range(MAX_PUBLIC_METHODS + 1))
+    assert _oversized("m.py", f"class C:\n{private}") == []
 
 
 def test_one_list_of_exports() -> None:
@@ -395,3 +554,10 @@ def test_every_type_a_public_method_returns_is_exported() -> None:
                         missing.append(f"{name}.{attribute} -> {word}")
     assert missing == [], missing
     assert typing.get_type_hints(conveyor.Conveyor.health)["return"] is conveyor.Health
+
+
+def test_the_architecture_page_names_every_package() -> None:
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    packages = [p.parent.relative_to(PACKAGE.parent) for p in PACKAGE.rglob("*/__init__.py")]
+    missing = [f"{p}/" for p in sorted(packages) if f"`{p}/`" not in page]
+    assert missing == [], f"docs/architecture.md does not describe {missing}"
