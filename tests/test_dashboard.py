@@ -4,8 +4,12 @@ schedules and queues routes and the CLI's queues commands that go with it."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +19,9 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 
 from conveyor import Conveyor, Status
+from conveyor.app.tenants import TenantView
 from conveyor.cli import main
+from conveyor.core.auth import Principal, Role
 from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import AuditEntry
 from conveyor.web import create_api
@@ -334,6 +340,54 @@ async def test_an_unhealthy_overview_says_why_and_what_to_do(
     assert "start one with `conveyor worker APP`" in ready.json()["hint"]
 
 
+async def test_a_tenant_sees_workers_without_their_host_and_pid_anywhere(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    host, pid = socket.gethostname(), os.getpid()
+    crawl = await app.submit("crawl", {"steps": 10_000, "pause": 0.05}, tenant="acme")
+    done = await app.submit("add", {"a": 1, "b": 1}, tenant="acme")
+    mine = {"Authorization": f"Bearer {secrets['read']}"}
+    async with app.lease("a-report", ttl=30), running_worker(app, queues=["slow", "default"]) as w:
+        assert w.id.startswith(f"{host}-{pid}-")  # what the id tells an admin
+        await settled(done, Status.SUCCEEDED)
+        await eventually(lambda: _is_running(crawl))
+        c = browser()
+        await sign_in(c, secrets["read"])
+        shown = {
+            path: (await c.get(path, headers=mine if not path.startswith("/ui") else {})).text
+            for path in [
+                "/ui/",
+                "/ui/workers",
+                "/ui/leases",
+                f"/ui/jobs/{crawl.id.removeprefix('acme/')}",
+                f"/ui/jobs/{done.id.removeprefix('acme/')}",
+                "/workers",
+                f"/jobs/{done.id.removeprefix('acme/')}/attempts",
+                f"/jobs/{crawl.id.removeprefix('acme/')}",
+            ]
+        }
+        for path, text in shown.items():
+            assert w.id not in text and host not in text and f"-{pid}-" not in text, path
+        [label] = [x["id"] for x in json.loads(shown["/workers"])["workers"]]
+        assert label.startswith("worker-") and label != w.id
+        for path in ["/ui/", "/ui/workers", f"/ui/jobs/{crawl.id.removeprefix('acme/')}"]:
+            assert label in shown[path], path  # one label for the worker on every page
+        attempts = json.loads(shown[f"/jobs/{done.id.removeprefix('acme/')}/attempts"])
+        assert attempts["attempts"][0]["worker_id"] == label
+        admin = browser()
+        await sign_in(admin, secrets["admin"])
+        text = (await admin.get("/ui/workers")).text
+        assert w.id in text and f"{host}:{pid}" in text
+        await crawl.cancel()
+        await settled(crawl, Status.CANCELLED)
+    # A rescued attempt's error names the worker that stopped: as a label for the tenant.
+    view = TenantView(app, Principal("tok", "acme", Role.READ))
+    lost = replace(
+        (await app.get(done.id)).record, error=f"lease expired: worker {w.id} stopped heartbeating"
+    )
+    assert view.shown(lost).error == f"lease expired: worker {label} stopped heartbeating"
+
+
 # -- escaping ---------------------------------------------------------------------------------
 
 
@@ -528,7 +582,8 @@ async def test_running_by_worker_and_the_overview_count_of_it(
         c = browser()
         await sign_in(c, secrets["read"])
         page = (await c.get("/ui/")).text
-        assert re.search(rf"{worker.id}</code>.*?<td class=\"num\">1</td>", page, re.S)
+        label = TenantView(app, Principal("tok", "acme", Role.READ)).worker_name(worker.id)
+        assert re.search(rf"{label}</code>.*?<td class=\"num\">1</td>", page, re.S)
         await job.cancel()
         await settled(job, Status.CANCELLED)
     assert await app.ops.running_by_worker() == {}

@@ -261,9 +261,9 @@ async def test_queues_workers_and_metrics_show_a_tenant_only_its_own_jobs(
     assert 'conveyor_jobs{queue="shared",status="queued"} 5.0' in text
 
     (mine,) = (await http.get("/workers", headers=token["acme"])).json()["workers"]
-    assert mine["id"] == "w1" and mine["hostname"] is None and mine["pid"] is None
+    assert mine["id"].startswith("worker-") and mine["hostname"] is None and mine["pid"] is None
     (theirs,) = (await http.get("/workers", headers=token["ops"])).json()["workers"]
-    assert (theirs["hostname"], theirs["pid"]) == ("box-7", 4242)
+    assert (theirs["id"], theirs["hostname"], theirs["pid"]) == ("w1", "box-7", 4242)
 
 
 # -- fair claiming and per-tenant limits ---------------------------------------------------------

@@ -34,6 +34,10 @@ is decided, and tested, below HTTP:
 from __future__ import annotations
 
 import hashlib
+import hmac
+import re
+import secrets
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -99,6 +103,33 @@ def as_its_tenant_sees(job: Job) -> Job:
         retry_of=None if job.retry_of is None else local(tenant, job.retry_of),
         retried_by=None if job.retried_by is None else local(tenant, job.retried_by),
     )
+
+
+# A worker's id carries its host name and process id (worker.py); a principal that is not an
+# admin sees an opaque label instead, the same for one worker on every page and every server
+# of one database: an HMAC of the id under a key derived from the database's own secret.
+_LABEL_KEYS: weakref.WeakKeyDictionary[Conveyor, bytes] = weakref.WeakKeyDictionary()
+# Where a worker's id appears in text a tenant may read: the error of a rescued attempt.
+_WORKER_IN_TEXT = re.compile(r"\bworker (\S+) stopped heartbeating")
+
+
+def worker_label(key: bytes, worker_id: str) -> str:
+    """The label a tenant sees for the worker ``worker_id``: opaque, and stable for a key.
+
+    >>> worker_label(b"k" * 32, "vm-22506-d251cc")
+    'worker-444703315244'
+    """
+    return "worker-" + hmac.new(key, worker_id.encode(), hashlib.sha256).hexdigest()[:12]
+
+
+async def _label_key(app: Conveyor) -> bytes:
+    key = _LABEL_KEYS.get(app)
+    if key is None:
+        secret = await (await app.store()).server_secret("cursor")
+        # Without the migrations' secret, one of this process: labels then differ by server.
+        seed = secret.encode() if secret is not None else secrets.token_bytes(32)
+        key = _LABEL_KEYS[app] = hmac.new(seed, b"worker labels", hashlib.sha256).digest()
+    return key
 
 
 # What a submission sets of a job, compared field by field when an id or key is reused;
@@ -177,8 +208,38 @@ class TenantView:
             return f"{self.principal.tenant}{SEPARATOR}{job_id}"
 
     def shown(self, job: Job) -> Job:
-        """``job`` with the ids this principal knows it and its relatives by."""
-        return job if self.principal.is_admin else as_its_tenant_sees(job)
+        """``job`` with the ids this principal knows it and its relatives by, and its
+        worker's id as this principal may see it."""
+        if self.principal.is_admin:
+            return job
+        job = as_its_tenant_sees(job)
+        if job.lease_owner is None and job.error is None:
+            return job
+        owner = None if job.lease_owner is None else self.worker_name(job.lease_owner)
+        return replace(job, lease_owner=owner, error=self._named_in(job.error))
+
+    # -- workers: an admin sees their ids; anyone else an opaque label --------------------
+
+    async def _know_workers(self) -> None:
+        """Read the key of workers' labels once per application (for :meth:`worker_name`)."""
+        if not self.principal.is_admin:
+            await _label_key(self.app)
+
+    def worker_name(self, worker_id: str) -> str:
+        """How this principal sees the worker ``worker_id``: by its id (which carries its
+        host name and process id) if an admin, else by an opaque label."""
+        if self.principal.is_admin or not worker_id:
+            return worker_id
+        key = _LABEL_KEYS.get(self.app)
+        return "worker" if key is None else worker_label(key, worker_id)
+
+    def _named_in(self, text: str | None) -> str | None:
+        """``text`` with the worker ids it holds as this principal sees them."""
+        if text is None or self.principal.is_admin:
+            return text
+        return _WORKER_IN_TEXT.sub(
+            lambda m: f"worker {self.worker_name(m.group(1))} stopped heartbeating", text
+        )
 
     def _shown_page(self, page: JobPage) -> JobPage:
         if self.principal.is_admin:
@@ -193,6 +254,7 @@ class TenantView:
 
     async def _get_stored(self, job_id: str) -> Job:
         """A visible job as stored (the principal's ``job_id``)."""
+        await self._know_workers()
         try:
             job = (await self.app.get(self.stored_id(job_id))).record
         except JobNotFound:
@@ -207,7 +269,15 @@ class TenantView:
         attempts = await self.app.attempts(job.id)
         if self.principal.is_admin:
             return attempts
-        return [replace(a, job_id=local(job.tenant, a.job_id)) for a in attempts]
+        return [
+            replace(
+                a,
+                job_id=local(job.tenant, a.job_id),
+                worker_id=None if a.worker_id is None else self.worker_name(a.worker_id),
+                error=self._named_in(a.error),
+            )
+            for a in attempts
+        ]
 
     async def page(
         self,
@@ -264,6 +334,7 @@ class TenantView:
         limit: int = 50,
     ) -> JobPage:
         """:meth:`page` with stored ids, in and out."""
+        await self._know_workers()
         if tenant is not None and not self.principal.is_admin and tenant != self.principal.tenant:
             raise Forbidden(
                 f"this token sees only tenant {self.principal.tenant!r}'s jobs; leave out tenant"
@@ -304,6 +375,7 @@ class TenantView:
         ``idempotency_key``, jobs without an id get one derived from tenant and key
         (``listed``: the jobs came as a list, so each one's place is part of its id).
         """
+        await self._know_workers()
         scoped = []
         for index, sub in enumerate(submissions):
             tenant = self._tenant_for(sub.tenant)
@@ -427,7 +499,8 @@ class TenantView:
     # -- queues, schedules, workers, leases: the cluster's, admins steer them ----------------
 
     # A principal that is not an admin sees the counts of its own tenant's jobs only, and
-    # the workers without their hosts and process ids (the operator's, not the tenant's).
+    # the workers without their hosts and process ids (the operator's, not the tenant's):
+    # not even inside their ids, which it sees as labels (worker_name).
 
     async def queues(self) -> list[QueueInfo]:
         """The queues with their job counts: the tenant's jobs only, unless an admin."""
@@ -440,13 +513,16 @@ class TenantView:
         workers = await self.app.workers()
         if self.principal.is_admin:
             return workers
-        return [replace(w, hostname="", pid=0) for w in workers]
+        await self._know_workers()
+        return [replace(w, id=self.worker_name(w.id), hostname="", pid=0) for w in workers]
 
     async def running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker runs now: of the tenant's jobs, unless an admin."""
         if self.principal.is_admin:
             return await self.app.ops.running_by_worker()
-        return await self.app.ops.running_by_worker(tenant=self.principal.tenant)
+        await self._know_workers()
+        counts = await self.app.ops.running_by_worker(tenant=self.principal.tenant)
+        return {self.worker_name(w): n for w, n in counts.items()}
 
     async def pause(self, queue: str) -> None:
         """Stop workers claiming from ``queue`` (admins)."""
@@ -483,8 +559,16 @@ class TenantView:
         return [replace(e, job_id=job_id) for e in await self.app.events(job.id)]
 
     async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
-        """Every named lease with its current and last holders, newest first."""
-        return await self.app.ops.leases()
+        """Every named lease with its current and last holders, newest first; its holders
+        are workers or other processes, named as :meth:`worker_name` names workers."""
+        leases = await self.app.ops.leases()
+        if self.principal.is_admin:
+            return leases
+        await self._know_workers()
+        return [
+            (name, [replace(h, owner=self.worker_name(h.owner)) for h in holders])
+            for name, holders in leases
+        ]
 
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
         """What ended per minute since ``since``, across the cluster."""
