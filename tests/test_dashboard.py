@@ -388,6 +388,52 @@ async def test_a_tenant_sees_workers_without_their_host_and_pid_anywhere(
     assert view.shown(lost).error == f"lease expired: worker {label} stopped heartbeating"
 
 
+async def test_a_job_page_lists_sub_jobs_in_natural_order_and_links_its_callbacks(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    """Issue #30 item 11: the tree read .0, .1, .10, .11, .2; the callback was a top-level
+    job that the root's page did not link to."""
+    root = await app.submit("fan_out", {"n": 12, "callback": True}, tenant="ops")
+    async with running_worker(app, concurrency=8):
+        await settled(root, Status.SUCCEEDED, timeout=60)
+        await settled(await app.get(f"{root.id}.on_complete"), Status.SUCCEEDED)
+    c = browser()
+    await sign_in(c, secrets["admin"])
+    page = (await c.get(f"/ui/jobs/{root.id}")).text
+    shown = re.findall(rf"<code>{re.escape(root.id)}\.(\d+)</code>", page)
+    assert shown == [str(i) for i in range(12)]
+    assert f'href="/ui/jobs/{root.id}.on_complete"' in page
+    callback = (await c.get(f"/ui/jobs/{root.id}.on_complete")).text
+    assert "Callback of" in callback and f'href="/ui/jobs/{root.id}"' in callback
+
+
+async def test_jobs_in_a_queue_no_live_worker_serves_are_pointed_out(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    """Issue #30 item 9: nothing said that a job sat in a queue no worker serves."""
+    stray = await app.submit("add", {"a": 1, "b": 2}, queue="stray", tenant="ops")
+    c = browser()
+    await sign_in(c, secrets["admin"])
+    async with running_worker(app):
+
+        async def live() -> bool:
+            return (await app.health()).counts.live_workers == 1
+
+        await eventually(live)
+        overview = (await c.get("/ui/")).text
+        job_page = (await c.get(f"/ui/jobs/{stray.id}")).text
+    said = "queued in queue &#39;stray&#39;, which no live worker serves"
+    assert f"1 job {said}" in overview and "`--queues stray`" in overview
+    assert f"this job is {said}" in job_page
+
+
+async def test_the_favicon_is_served(api: FastAPI):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+        r = await c.get("/favicon.ico")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/x-icon"
+    assert r.content[:4] == b"\0\0\1\0"  # an ICO file
+
+
 # -- escaping ---------------------------------------------------------------------------------
 
 

@@ -22,6 +22,8 @@ to do, wherever the verdict is shown.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 HEALTHY = "healthy"
 DEGRADED = "degraded"
 UNHEALTHY = "unhealthy"
@@ -103,3 +105,40 @@ def no_live_worker(*, workers: int, heartbeat_age: float | None, app: str | None
     if not workers or heartbeat_age is None:
         return f"{NO_WORKER_EVER} — {start}"
     return f"no live worker: the last heartbeat was {heartbeat_age:.0f}s ago — {start}"
+
+
+def unserved_queues(
+    queued: Mapping[str, int], live_queues: Iterable[Iterable[str]], paused: Iterable[str] = ()
+) -> dict[str, int]:
+    """The queues holding queued jobs that no live worker serves, with their numbers of
+    queued jobs (a paused queue is left out: its jobs wait on purpose). Only when some
+    worker is live: with none, the verdict's hint already says to start one.
+
+    >>> unserved_queues({"default": 3, "held": 2, "idle": 0}, [("default",)])
+    {'held': 2}
+    >>> unserved_queues({"held": 2}, [])
+    {}
+    """
+    served: set[str] = set()
+    live = False
+    for queues in live_queues:
+        live = True
+        served.update(queues)
+    if not live:
+        return {}
+    skip = set(paused)
+    return {q: n for q, n in sorted(queued.items()) if n and q not in served and q not in skip}
+
+
+def queue_not_served(queue: str, what: str) -> str:
+    """Say that ``what`` (``"2 jobs"``, ``"this job"``) sits in a queue no live worker
+    serves, and what to do.
+
+    >>> print(queue_not_served("held", "2 jobs"))  # doctest: +NORMALIZE_WHITESPACE
+    2 jobs queued in queue 'held', which no live worker serves: start a worker with
+    `--queues held` (or submit to a queue one serves)
+    """
+    return (
+        f"{what} queued in queue {queue!r}, which no live worker serves: start a worker "
+        f"with `--queues {queue}` (or submit to a queue one serves)"
+    )

@@ -105,3 +105,19 @@ def local(tenant: str | None, stored_id: str) -> str:
     if tenant is None:
         return stored_id
     return stored_id.removeprefix(f"{tenant}{SEPARATOR}")
+
+
+def sibling_order(parent_id: str, child_id: str) -> tuple[int, tuple[tuple[int, str], ...]]:
+    """A sort key that lists a parent's children in natural order: ids derived from the
+    parent's (``<parent>.<n>``, as docs/trees.md advises) by their parts, numbers as
+    numbers, then any other id as it sorts.
+
+    >>> ids = ["p.10", "p.2", "p.0", "p.1.3", "p.1", "01h8zz"]
+    >>> sorted(ids, key=lambda i: sibling_order("p", i))
+    ['p.0', 'p.1', 'p.1.3', 'p.2', 'p.10', '01h8zz']
+    """
+    prefix = f"{parent_id}."
+    if not child_id.startswith(prefix):
+        return (1, ((0, child_id),))
+    parts = child_id[len(prefix) :].split(".")
+    return (0, tuple((int(p), "") if p.isdigit() else (1 << 62, p) for p in parts))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from importlib import resources
 
 from fastapi import FastAPI
+from starlette.responses import Response
 
 from conveyor.app.client import Conveyor
 from conveyor.errors import ConfigurationError
@@ -60,6 +63,20 @@ class ApiOptions:
             raise ConfigurationError("cursor_key must be at least 16 bytes")
 
 
+@functools.cache
+def _favicon_bytes() -> bytes:
+    return resources.files("conveyor.web.ui").joinpath("static/favicon.ico").read_bytes()
+
+
+async def favicon() -> Response:
+    """The icon a browser asks every site for (the dashboard's, also at /ui/static)."""
+    return Response(
+        _favicon_bytes(),
+        media_type="image/x-icon",
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
+
+
 def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
     """Return the REST API of ``app`` as an ASGI application (FastAPI).
 
@@ -91,6 +108,7 @@ def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
     api.add_middleware(MetricsMiddleware, metrics=metrics)
     api.add_middleware(SecurityHeaders)
     api.include_router(router)
+    api.add_api_route("/favicon.ico", favicon, methods=["GET"], include_in_schema=False)
     _openapi.install(api, app, opts)
     install_openapi_route(api)
     if opts.docs:

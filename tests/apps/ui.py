@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from conveyor import Conveyor, JobContext
 from conveyor.app.handles import Submission
@@ -31,15 +32,21 @@ def build(url: str | None = None) -> Conveyor:
         return {"pages": steps}
 
     @app.job()
-    async def fan_out(ctx: JobContext, n: int, pause: float = 0.0, fail: int = 0) -> str:
+    async def fan_out(
+        ctx: JobContext, n: int, pause: float = 0.0, fail: int = 0, callback: bool = False
+    ) -> str:
         subs = [
             Submission(type="explode", payload={}, id=f"{ctx.id}.{i}")
             if i < fail
             else Submission(type="nap", payload={"seconds": pause}, id=f"{ctx.id}.{i}")
             for i in range(n)
         ]
-        await ctx.spawn_many(subs)
+        await ctx.spawn_many(subs, on_complete="batch_done" if callback else None)
         return "spawned"
+
+    @app.job()
+    async def batch_done(ctx: JobContext, batch: dict[str, Any]) -> int:
+        return int(batch["done"])
 
     @app.job()
     async def nap(ctx: JobContext, seconds: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
+from conveyor.core.health import queue_not_served, unserved_queues
+from conveyor.core.ids import sibling_order
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
 from conveyor.errors import ConfigurationError, Forbidden, JobNotFound
@@ -319,6 +322,11 @@ async def overview(request: Request) -> Response:
     queues, counts_age = await state.queue_counts.get(scope_of(view), view.queues)
     per_worker = await view.running_by_worker()
     workers = await view.workers()
+    unserved = unserved_queues(
+        {q.name: q.counts.get("queued", 0) for q in queues},
+        [w.queues for w in workers if w.state(now) == "live"],
+        paused=[q.name for q in queues if q.paused],
+    )
     return render(
         request,
         "overview.html",
@@ -328,6 +336,9 @@ async def overview(request: Request) -> Response:
         counts_age=counts_age,
         statuses=STATUSES,
         paused=[q.name for q in queues if q.paused],
+        unserved=[
+            queue_not_served(q, f"{n} job{'' if n == 1 else 's'}") for q, n in unserved.items()
+        ],
         workers=[w for w in workers if w.stopped_at is None][:20],
         running=per_worker,
         now=now,
@@ -468,6 +479,16 @@ async def job_page(request: Request, job_id: str) -> Response:
     tree = await _tree(view, job)
     chain = await _retry_chain(view, job)
     now = await view.app.ops.now()
+    callbacks = await _callbacks(view, job_id) if job.below is not None else []
+    fired_by = _CALLBACK_ID.match(job_id)
+    callback_of = fired_by.group(1) if fired_by else None
+    if callback_of is not None and not await _exists(view, callback_of):
+        callback_of = None
+    note = None
+    if job.status is Status.QUEUED:
+        live = [w.queues for w in await view.workers() if w.state(now) == "live"]
+        if unserved_queues({job.queue: 1}, live):
+            note = queue_not_served(job.queue, "this job is")
     return render(
         request,
         "job.html",
@@ -481,7 +502,36 @@ async def job_page(request: Request, job_id: str) -> Response:
         tree=tree,
         chain=chain,
         statuses=STATUSES,
+        callbacks=callbacks,
+        callback_of=callback_of,
+        note=note,
     )
+
+
+# A completion callback's id, from its parent's (store/_scripts.py callback_job).
+_CALLBACK_ID = re.compile(r"^(.+)\.on_(?:complete|success)(?:\.\d+)?$")
+
+
+async def _exists(view: TenantView, job_id: str) -> bool:
+    try:
+        await view.get(job_id)
+    except JobNotFound:
+        return False
+    return True
+
+
+async def _callbacks(view: TenantView, job_id: str) -> list[Job]:
+    """The completion callbacks a parent fired (top-level jobs of their own, with ids
+    derived from its: ``<id>.on_complete``, ``.on_success``, ``.on_complete.2`` ...)."""
+    found = []
+    for kind in ("complete", "success"):
+        for n in range(1, 11):
+            callback_id = f"{job_id}.on_{kind}" + (f".{n}" if n > 1 else "")
+            try:
+                found.append(await view.get(callback_id))
+            except JobNotFound:
+                break
+    return found
 
 
 def _eta(job: Job, now: datetime) -> str | None:
@@ -526,7 +576,8 @@ async def _tree(view: TenantView, job: Job, *, shown: int = 500) -> _Tree | None
     rows: list[tuple[int, Job]] = []
 
     def walk(parent: str, depth: int) -> None:
-        for child in kids.get(parent, []):
+        # Siblings in natural order (.2 before .10), not as strings, nor by creation time.
+        for child in sorted(kids.get(parent, []), key=lambda j: sibling_order(parent, j.id)):
             rows.append((depth, child))
             walk(child.id, depth + 1)
 
