@@ -36,6 +36,7 @@ class Heartbeat(threading.Thread):
         new_store: Callable[[], Store],
         loop: asyncio.AbstractEventLoop,
         on_lost: Callable[[list[Run]], None],
+        on_fenced: Callable[[list[Run]], None],
         on_cancel_requested: Callable[[frozenset[str]], None],
         metrics: Metrics | None = None,
     ) -> None:
@@ -46,7 +47,8 @@ class Heartbeat(threading.Thread):
         self.leases = leases
         self.new_store = new_store  # its own store: its own connection
         self.loop = loop  # the worker's: what the beat learns is handed to it there
-        self.on_lost = on_lost
+        self.on_lost = on_lost  # the database says these leases are gone
+        self.on_fenced = on_fenced  # these leases may run out before a renewal can come
         self.on_cancel_requested = on_cancel_requested
         self._stop_event = threading.Event()
         self.interval = self.lease / 3
@@ -79,8 +81,10 @@ class Heartbeat(threading.Thread):
         while not self._stop_event.wait(wait):
             now = time.monotonic()
             runs = self.leases.snapshot()
-            wait = until_fence(runs, now, tick)
             interval = min([r.lease / 3 for r in runs] + [self.interval])
+            # Wake for the next beat when it is due, not at the tick after: a beat late by
+            # a tick would leave a run that much less of its lease to ride out an outage.
+            wait = min(until_fence(runs, now, tick), max(0.005, last_beat + interval - now))
             stale = any(now - r.renewed_at >= r.lease / 3 for r in runs if not r.done)
             progress_due = (
                 self.leases.has_progress() and now - last_progress >= self.progress_interval
@@ -107,6 +111,9 @@ class Heartbeat(threading.Thread):
                     log.error("heartbeat failed (%s); retrying until leases run out", exc)
                 self.leases.restore_progress(progress)
                 self._fence(runs, time.monotonic())
+                # The next try after a tick (or a fence), not at once: a refused
+                # connection fails fast.
+                wait = until_fence(self.leases.snapshot(), time.monotonic(), tick)
                 continue
             if self.latency is not None:
                 self.latency.observe(time.monotonic() - started)
@@ -163,6 +170,6 @@ class Heartbeat(threading.Thread):
         expired = [r for r in runs if not r.done and may_have_expired(r, now)]
         if expired:
             try:
-                self.loop.call_soon_threadsafe(self.on_lost, expired)
+                self.loop.call_soon_threadsafe(self.on_fenced, expired)
             except RuntimeError:
                 pass

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.core.model import JSON, NewJob, Progress
 from conveyor.store import Store
@@ -14,6 +15,12 @@ from conveyor.worker._leases import Interrupt, Leases, Run
 if TYPE_CHECKING:
     from conveyor.app.handles import JobHandle, Submission
     from conveyor.worker._host import WorkerHost
+
+
+def _outcome_ignored(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a write its caller stopped waiting for (it was fenced)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Port:
@@ -32,7 +39,15 @@ class Port:
         json.dumps(state, allow_nan=False)
         if self.run.interrupt is Interrupt.LOST:
             return False
-        return await self.store.checkpoint(self.run.key, state)
+        # A run stopped while its checkpoint waits for a database that does not answer (a
+        # partition) stops at once, not when the driver's cancel of the statement gives
+        # up (seconds): the write goes on alone, fenced by the run's lease token.
+        write = asyncio.ensure_future(self.store.checkpoint(self.run.key, state))
+        try:
+            return await asyncio.shield(write)
+        except asyncio.CancelledError:
+            write.add_done_callback(_outcome_ignored)
+            raise
 
     async def spawn(
         self,

@@ -35,11 +35,14 @@ thread of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from conveyor.core.lifecycle import Event
 from conveyor.core.model import Settlement
 from conveyor.observe.metrics import Metrics
 from conveyor.store import Store, WorkerInfo
@@ -132,6 +135,7 @@ class Worker(Producer, Executor, Completer):
             new_store=self.app.new_store,
             loop=loop,
             on_lost=self._on_lost,
+            on_fenced=self._on_fenced,
             on_cancel_requested=self._on_cancel_requested,
             metrics=self._metrics,
         )
@@ -209,6 +213,31 @@ class Worker(Producer, Executor, Completer):
         for run in runs:
             if not run.done:
                 self._lose(run)
+
+    def _on_fenced(self, runs: Iterable[Run]) -> None:
+        """Stop runs whose leases may run out before the heartbeat can renew them (the
+        database does not answer: a partition, a failover) and hand their jobs back.
+
+        Nothing says the job was taken from this worker, so unlike a lost lease this costs
+        no attempt: the hand-back is fenced by the lease token like any settle, so it is
+        refused if the job was rescued meanwhile, and it makes the job runnable only once
+        the lease would have run out, so no other worker starts it while a stopping
+        handler may still be running.
+        """
+        self._start_claimed()
+        now = time.monotonic()
+        for run in runs:
+            if run.done:
+                continue
+            log.warning(
+                "job %s: lease not renewed in time (the database did not answer); "
+                "stopped, and handed back once the database answers",
+                run.job.id,
+            )
+            self._interrupt(run, Interrupt.LOST, "lease not renewed in time")
+            settlement = self._settlement(run, Event.HAND_BACK, None)
+            left = max(0.0, run.lease - (now - run.renewed_at))
+            self._finish(run, dataclasses.replace(settlement, retry_delay=left))
 
     def _on_cancel_requested(self, job_ids: Iterable[str]) -> None:
         self._start_claimed()
