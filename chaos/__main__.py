@@ -17,11 +17,19 @@ from pathlib import Path
 
 from chaos.checker import check
 from chaos.harness import Run
-from chaos.infra import InfraError, PrivatePostgres, SmallDisk, ensure_faketime
+from chaos.infra import (
+    InfraError,
+    PrivatePostgres,
+    ReplicatedPostgres,
+    SmallDisk,
+    ensure_faketime,
+)
+from chaos.network import NETWORK_SCENARIOS
 from chaos.report import Result, print_results, write_doc
 from chaos.scenarios import SCENARIOS, Scenario
 
-NOT_FAULTS = frozenset({"cont", "unlock", "pg-start", "disk-free"})
+NOT_FAULTS = frozenset({"cont", "unlock", "pg-start", "disk-free", "heal", "pg-promote"})
+ALL_SCENARIOS = [*SCENARIOS, *NETWORK_SCENARIOS]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -46,13 +54,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def chosen(args: argparse.Namespace) -> list[Scenario]:
-    known = {s.name: s for s in SCENARIOS}
+    known = {s.name: s for s in ALL_SCENARIOS}
     for name in args.scenario:
         if name not in known:
             raise SystemExit(f"chaos: unknown scenario {name!r}; known: {', '.join(known)}")
     if args.scenario:
         return [known[n] for n in args.scenario]
-    return [s for s in SCENARIOS if args.full or s.short]
+    return [s for s in ALL_SCENARIOS if args.full or s.short]
 
 
 async def run_one(
@@ -61,13 +69,18 @@ async def run_one(
     tmp = Path(tempfile.mkdtemp(prefix=f"chaos-{sc.name}-{backend}-"))
     disk = SmallDisk(24) if sc.needs_small_disk else None
     database = None
+    replica = None
     if backend == "sqlite":
         url = f"sqlite:///{(disk.path if disk else tmp) / 'chaos.db'}"
+    elif sc.replicated:
+        replica = ReplicatedPostgres()
+        await asyncio.to_thread(replica.init)
+        url = replica.url(replica.primary.create_database(sc.name))
     else:
         assert pg is not None
         database = pg.create_database(sc.name)
         url = pg.url(database)
-    run = Run(sc.name, backend, url, tmp, full, seed, options=sc.options, pg=pg)
+    run = Run(sc.name, backend, url, tmp, full, seed, options=sc.options, pg=pg, replica=replica)
     if disk is not None:
         run.metrics["disk"] = disk
     started = time.monotonic()
@@ -105,6 +118,8 @@ async def run_one(
     )
     if disk is not None:
         disk.close()
+    if replica is not None:
+        replica.remove()
     if database is not None and pg is not None:
         try:
             pg.drop_database(database)
@@ -134,7 +149,7 @@ async def main_async(
             for sc in scenarios:
                 if backend not in sc.backends:
                     continue
-                if backend == "postgres" and pg is None:
+                if backend == "postgres" and pg is None and not sc.replicated:
                     pg = PrivatePostgres()
                     await asyncio.to_thread(pg.init)
                 results.append(await run_one(sc, backend, pg, args.full, seed, args.keep))
@@ -147,7 +162,7 @@ async def main_async(
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.list:
-        for sc in SCENARIOS:
+        for sc in ALL_SCENARIOS:
             print(f"{sc.name:20} {'short' if sc.short else 'full '} {', '.join(sc.backends)}")
             print(f"{'':20} {sc.summary}")
         return 0
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: {time.monotonic() - started:.0f}s in all; seed {seed}")
     write = args.write_docs if args.write_docs is not None else (args.full and not args.scenario)
     if write:
-        write_doc(results, command, SCENARIOS)
+        write_doc(results, command, ALL_SCENARIOS)
         print("chaos: wrote docs/reliability.md")
     return 1 if any(r.violations for r in results) else 0
 

@@ -24,7 +24,8 @@ from typing import Any
 import psycopg
 
 from chaos import runlog
-from chaos.infra import PrivatePostgres
+from chaos.infra import PrivatePostgres, ReplicatedPostgres
+from chaos.netproxy import ProxyProcess
 from conveyor import Conveyor, Submission
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,7 @@ class Run:
     seed: int
     options: WorkerOptions = field(default_factory=WorkerOptions)
     pg: PrivatePostgres | None = None
+    replica: ReplicatedPostgres | None = None  # the failover scenario's primary and standby
     faults: list[Fault] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
     expected: dict[str, str] = field(default_factory=dict)  # job id -> terminal status
@@ -118,6 +120,7 @@ class Run:
     check_lease_at_start: bool = False
     db_clock_offset: float = 0.0  # SQLite under faketime: the database's times are shifted
     app: Conveyor | None = None
+    proxies: list[ProxyProcess] = field(default_factory=list)  # closed with the run
     _supervisor: asyncio.Task[None] | None = None
 
     # -- paths and environment ----------------------------------------------------------
@@ -170,6 +173,9 @@ class Run:
                 except ProcessLookupError:
                     pass
                 w.proc.wait(10)
+        for proxy in self.proxies:
+            await proxy.close()
+        self.proxies.clear()
         if self.app is not None:
             try:
                 await asyncio.wait_for(self.app.close(), 30)
@@ -266,17 +272,20 @@ class Run:
         env: Mapping[str, str] | None = None,
         options: WorkerOptions | None = None,
         ready: bool = True,
+        url: str | None = None,
     ) -> Worker:
+        """Start a worker on the run's database (``url``: another way to it, a proxy's)."""
         opts = options or self.options
         index = len(self.workers)
         log = self.tmp / f"worker-{index}.log"
         command = [
             sys.executable, "-m", "conveyor", "--log-level", "INFO", "worker", "chaos.app:app",
-            "--database-url", self.url, *opts.args(),
+            "--database-url", url or self.url, *opts.args(),
         ]  # fmt: skip
         with open(log, "wb") as out:
+            extra = {**(env or {}), **({"CONVEYOR_DATABASE_URL": url} if url else {})}
             proc = subprocess.Popen(
-                command, cwd=ROOT, env=self.env(env), stdout=out, stderr=subprocess.STDOUT
+                command, cwd=ROOT, env=self.env(extra), stdout=out, stderr=subprocess.STDOUT
             )
         worker = Worker(index, proc, log)
         self.workers.append(worker)

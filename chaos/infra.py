@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -73,7 +74,7 @@ class PrivatePostgres:
             command = ("runuser", "-u", "postgres", "--", *command)
         return subprocess.run(command, capture_output=True, text=True, check=check)
 
-    def init(self) -> None:
+    def init(self, extra_conf: str = "") -> None:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         self._as_postgres(
@@ -85,7 +86,7 @@ class PrivatePostgres:
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.dir}'\n"
                 "fsync = on\nsynchronous_commit = on\nmax_connections = 200\n"
-                "shared_buffers = 32MB\n"
+                "shared_buffers = 32MB\n" + extra_conf
             )
         self.start()
 
@@ -121,6 +122,97 @@ class PrivatePostgres:
             )  # fmt: skip
             self.started = False
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ReplicatedPostgres:
+    """A private primary with a synchronous streaming standby (``pg_basebackup -R``), for
+    failovers: :meth:`kill_primary` SIGKILLs every process of the primary, :meth:`promote`
+    makes the standby the primary. Clients use :meth:`url`, which names both servers with
+    ``target_session_attrs=read-write``, so they find whichever one takes writes."""
+
+    STANDBY = "chaos_standby"
+
+    def __init__(self) -> None:
+        self.primary = PrivatePostgres()
+        self.standby_data = self.primary.dir / "standby"
+        self.standby_port = _free_port()
+        self.standby_started = False
+
+    def init(self) -> None:
+        pg = self.primary
+        # Every commit waits until the standby has flushed it: a commit acknowledged to
+        # a client survives the primary's death.
+        pg.init(
+            "wal_level = replica\nmax_wal_senders = 10\nwal_keep_size = 256MB\n"
+            f"synchronous_standby_names = '{self.STANDBY}'\n"
+        )
+        pg._as_postgres(
+            _pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+            "-D", str(self.standby_data), "-R", "-X", "stream", "-c", "fast",
+        )  # fmt: skip
+        with open(self.standby_data / "postgresql.conf", "a") as conf:
+            conf.write(
+                "\n# chaos suite: the synchronous standby\n"
+                f"port = {self.standby_port}\ncluster_name = '{self.STANDBY}'\n"
+                "synchronous_standby_names = ''\nhot_standby = on\n"
+            )
+        pg._as_postgres(
+            _pg_bin("pg_ctl"), "-D", str(self.standby_data), "-l",
+            str(pg.dir / "standby.log"), "-w", "-t", "60", "start",
+        )  # fmt: skip
+        self.standby_started = True
+        deadline = time.monotonic() + 60
+        while self.sync_state() != "sync":
+            if time.monotonic() > deadline:
+                raise InfraError(f"the standby never became synchronous ({self.sync_state()})")
+            time.sleep(0.1)
+
+    def sync_state(self) -> str | None:
+        with psycopg.connect(self.primary.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+                (self.STANDBY,),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def url(self, database: str) -> str:
+        return (
+            f"postgresql://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby_port}"
+            f"/{database}?target_session_attrs=read-write"
+        )
+
+    def kill_primary(self) -> int:
+        """SIGKILL the primary's postmaster and all its children at once; return how many."""
+        postmaster = int((self.primary.data / "postmaster.pid").read_text().split()[0])
+        victims = [postmaster]
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                victims.append(int(stat.split("/")[2]))
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.primary.started = False
+        return len(victims)
+
+    def promote(self) -> None:
+        self.primary._as_postgres(
+            _pg_bin("pg_ctl"), "-D", str(self.standby_data), "-w", "-t", "60", "promote"
+        )
+
+    def remove(self) -> None:
+        if self.standby_started:
+            self.primary._as_postgres(
+                _pg_bin("pg_ctl"), "-D", str(self.standby_data), "-m", "immediate", "-w",
+                "stop", check=False,
+            )  # fmt: skip
+            self.standby_started = False
+        self.primary.remove()
 
 
 class SmallDisk:

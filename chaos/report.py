@@ -108,6 +108,21 @@ GUARANTEES: list[tuple[str, str, str]] = [
         "A worker given SIGTERM exits 0 within grace + cancel grace; its jobs go back to "
         "queued without spending an attempt and resume from their checkpoints.",
     ),
+    (
+        "partition costs nothing",
+        "A short partition costs nothing",
+        "A worker cut off from PostgreSQL (every connection through a proxy that passes "
+        "nothing) for half a lease keeps its runs: none is stopped, rescued or charged an "
+        "attempt (each job's attempts, read from the database, are exactly one success).",
+    ),
+    (
+        "cut-off runs stop",
+        "A cut-off worker stops its runs in time",
+        "A worker cut off for 3 leases stops each of its runs before the run's lease can "
+        "end, by its own clock (its last record comes less than a lease after the cut); "
+        "the job runs on another worker meanwhile; no checkpoint the cut-off run sent is "
+        "accepted after the network heals; the cut-off worker serves again after it.",
+    ),
 ]
 
 
@@ -196,6 +211,9 @@ class Result:
         for key, value in self.metrics.items():
             if key.startswith("peak_"):
                 parts.append(f"peak {key[5:]} {value}")
+        for key, value in self.metrics.items():
+            if key.startswith("fig "):
+                parts.append(f"{key[4:]} {value}")
         if "min_lease_left" in self.metrics:
             parts.append(f"least lease left at a start {self.metrics['min_lease_left']}s")
         if self.metrics.get("refused"):

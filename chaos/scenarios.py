@@ -32,6 +32,9 @@ class Scenario:
     short: bool = True  # part of the short (CI) mode
     options: WorkerOptions = WorkerOptions()  # noqa: RUF009 - frozen, shared safely
     needs_small_disk: bool = False
+    # Runs on a private primary with a synchronous standby of its own (chaos.infra),
+    # not on the PostgreSQL server the other scenarios share.
+    replicated: bool = False
 
 
 def scale(run: Run, short: int, full: int) -> int:
