@@ -86,6 +86,8 @@ class _Connection:
                 pipe.chunks.append((loop.time() + delay, data))
                 pipe.arrived.set()
                 self.proxy.bytes_seen += len(data)
+                if upstream:
+                    self.proxy.reads_upstream += 1
         except OSError:
             pass
         pipe.eof = True
@@ -140,6 +142,9 @@ class NetProxy:
         self.upstream_delay = 0.0
         self.downstream_delay = 0.0
         self.bytes_seen = 0
+        # Reads from clients: about one per round trip a client starts (a client that
+        # pipelines several statements may send them in one read or in several).
+        self.reads_upstream = 0
         self.mode = "flowing"
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -240,6 +245,7 @@ class NetProxy:
             return f"error: {exc}"
         return (
             f"ok {self.mode} connections {self.connections} bytes {self.bytes_seen} "
+            f"reads {self.reads_upstream} "
             f"delay {self.upstream_delay * 1000:g} {self.downstream_delay * 1000:g}"
         )
 
