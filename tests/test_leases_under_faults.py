@@ -662,3 +662,61 @@ async def test_a_heartbeat_waiting_on_the_database_still_stops_runs_before_their
     finally:
         probe.close()
     assert stopped[0] - held < lease, "the run went on past its lease"
+
+
+async def test_a_worker_cut_off_from_postgres_hands_back_runs_it_stopped_spending_no_attempt(
+    postgres_database: str,
+) -> None:
+    """A worker cut off from the database (every connection through a proxy that passes
+    nothing) for most of a lease must stop its run before the lease can end, by its own
+    clock. Nothing says the job was taken from it, so once the network heals the job is
+    handed back and runs again without spending an attempt; before, the stopped run's
+    lease was left to expire and the job was rescued as a lost attempt."""
+    from urllib.parse import urlsplit
+
+    from chaos.netproxy import NetProxy
+
+    lease = 3.0
+    parts = urlsplit(postgres_database)
+    proxy = await NetProxy((parts.hostname or "127.0.0.1", parts.port or 5432)).start()
+    cut_off = Conveyor(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}").geturl())
+    direct = Conveyor(postgres_database)
+    starts: list[int] = []
+    finish = asyncio.Event()
+
+    async def steady(ctx: JobContext) -> None:
+        starts.append(ctx.attempt)
+        while not finish.is_set():
+            await asyncio.sleep(0.02)
+
+    for app in (cut_off, direct):
+        app.job(name="steady")(steady)
+    probe = _Probe("postgres", postgres_database)
+
+    def lease_end() -> float:
+        return float(
+            probe._one("SELECT extract(epoch FROM lease_expires_at) FROM conveyor_jobs", "") or 0.0
+        )
+
+    try:
+        job = await direct.submit("steady", {})
+        async with running_worker(cut_off, lease=lease, concurrency=1):
+            await eventually(lambda: _true(lambda: bool(starts)))
+            # Cut right after a renewal: the worker must stop the run within the lease
+            # it just got, and the database must still hold that lease at the heal.
+            renewed = lease_end()
+            await eventually(lambda: _true(lambda: lease_end() > renewed))
+            proxy.blackhole()
+            await asyncio.sleep(0.9 * lease)
+            proxy.heal()
+            await eventually(lambda: _true(lambda: len(starts) == 2), timeout=30)
+            finish.set()
+            await settled(job, Status.SUCCEEDED)
+    finally:
+        finish.set()
+        probe.close()
+        await cut_off.close()
+        await direct.close()
+        await proxy.close()
+    assert [a.outcome for a in await job.attempts()] == [Outcome.SUCCEEDED]
+    assert starts == [1, 1], "stopped once, handed back, ran again as the same attempt"
