@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: {time.monotonic() - started:.0f}s in all; seed {seed}")
     write = args.write_docs if args.write_docs is not None else (args.full and not args.scenario)
     if write:
-        write_doc(results, command, ALL_SCENARIOS)
+        write_doc(results, command, ALL_SCENARIOS, partial=bool(args.scenario))
         print("chaos: wrote docs/reliability.md")
     return 1 if any(r.violations for r in results) else 0
 

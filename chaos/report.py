@@ -126,6 +126,65 @@ GUARANTEES: list[tuple[str, str, str]] = [
 ]
 
 
+# What conveyor promises when the network between workers and PostgreSQL fails, or the
+# database fails over: the scenarios partition-short, partition-long and pg-failover
+# check it; docs/deployment.md links here.
+PROMISES = [
+    "## Partitions and failovers: what conveyor promises",
+    "",
+    "A worker renews all its leases in one heartbeat every lease/3 and counts each lease "
+    "from when the claim or renewal was *sent*, by its own monotonic clock. When no "
+    "renewal is confirmed, it stops a run at `renewed + lease - min(lease/6, 2 s)`, "
+    "before the database could let another worker take the job (the rescuer waits for "
+    "the lease to end by the database's clock, plus its rescue interval). So for a "
+    "worker cut off from PostgreSQL (a partition, a stalled network, a dead primary):",
+    "",
+    "- **Shorter than lease − lease/3 − the margin** (18 s at the default 30 s lease; "
+    "at the chaos suite's 2 s lease, 1 s: half a lease): nothing happens. Statements in "
+    "flight complete when the network heals; runs go on; no attempt is spent. At the "
+    "edge, a run renewed just before the cut is stopped and handed back as below "
+    "(`partition-short`).",
+    "- **Up to about a lease**: the worker stops the runs whose leases could end and "
+    "hands their jobs back once the database answers: fenced by the lease token, "
+    "runnable when the lease would have ended, **no attempt spent**. They resume from "
+    "their last checkpoint, on any worker.",
+    "- **Longer than a lease**: the runs are stopped by the worker's own clock before "
+    "their leases end; another worker rescues each job (a `lost` attempt, which counts "
+    "against `max_attempts`) and runs it from its last checkpoint. Nothing the cut-off "
+    "worker sends afterwards is accepted: checkpoints, results and hand-backs carry the "
+    "old token, and statements held in the network and delivered after the heal are "
+    "refused like any stale write. The cut-off worker then serves again by itself "
+    "(`partition-long`).",
+    "- In a real partition no RST arrives: conveyor's connections use TCP keepalives "
+    "(10 s idle, 3 probes 5 s apart) and a 5 s connect timeout, and each heartbeat "
+    "waits at most half the margin; the heartbeat thread stops runs on time whatever "
+    "the statements in flight are doing. A handler blocked in `ctx.checkpoint` when "
+    "its run is stopped gets its cancellation at once.",
+    "",
+    "**Failover.** Run PostgreSQL with a *synchronous* standby (`synchronous_commit = on`, "
+    "`synchronous_standby_names` naming it): a submit returns only after its COMMIT, "
+    "which then waited for the standby, so **every submit acknowledged before the "
+    "primary died is on the promoted standby**, and so is every recorded result. With "
+    "an asynchronous standby the last commits before the crash can be lost (submits "
+    "that were acknowledged; results, whose jobs then run again): conveyor cannot "
+    "promise more than the database keeps. For the workers, a failover is a partition "
+    "that lasts from the primary's death until they reach the promoted standby; the "
+    "rules above apply, never two live runs of a job. Workers reconnect by themselves "
+    "(a broken pooled connection is discarded and the statement runs again on a new "
+    "one; the LISTEN connection comes back with backoff, polling meanwhile) if their "
+    "URL finds the new primary: name both servers with "
+    "`target_session_attrs=read-write` (`postgresql://user@db1:5432,db2:5432/jobs"
+    "?target_session_attrs=read-write`), or use a name or address that moves. The "
+    "`pg-failover` row below gives the measured times: from the promotion until every "
+    "worker runs jobs again, and from the primary's death to the first acknowledged "
+    "submit. **Leases follow the server's clock**: lease ends are timestamps written by "
+    "the primary's `now()` and read by the standby's after promotion, so the two "
+    "machines' clocks must agree to well within the margin (NTP keeps them to "
+    "milliseconds); a standby clock ahead by more than the margin would end every "
+    "lease that much early.",
+]
+
+
 # What the suite found when it was first run, on the code before the fixes of issue #16
 # (commit b1e973d): kept here so the table below can be read against it.
 HISTORY = [
@@ -261,8 +320,19 @@ def _commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def write_doc(results: list[Result], command: str, scenarios: list[Any]) -> None:
-    """Regenerate docs/reliability.md from the scenario catalogue and these results."""
+SINCE = "## Scenarios run on their own since the latest full run"
+
+
+def write_doc(
+    results: list[Result], command: str, scenarios: list[Any], *, partial: bool = False
+) -> None:
+    """Regenerate docs/reliability.md from the scenario catalogue and these results.
+
+    ``partial``: the results are of some scenarios only (``--scenario``): the latest full
+    run's table stays, and these rows go into a table of their own below it, replacing
+    earlier rows of the same scenario and backend there (a full run clears that table).
+    """
+    previous = DOC.read_text() if DOC.exists() else ""
     by_tag: dict[str, list[str]] = {}
     for sc in scenarios:
         for tag in sc.guarantees:
@@ -311,8 +381,13 @@ def write_doc(results: list[Result], command: str, scenarios: list[Any]) -> None
             f"| `{sc.name}` | {', '.join(sc.backends)} | {sc.summary} | "
             f"{'yes' if sc.short else 'no'} |"
         )
-    out += ["", *HISTORY]
+    out += ["", *PROMISES, "", *HISTORY]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if partial and "\n## Latest results" in previous:
+        latest, _, since = previous[previous.index("\n## Latest results") :].partition(SINCE)
+        out += [latest.rstrip(), "", *_since(since, results, command, stamp), ""]
+        DOC.write_text("\n".join(out))
+        return
     total = sum(len(r.violations) for r in results)
     out += [
         "",
@@ -334,3 +409,29 @@ def write_doc(results: list[Result], command: str, scenarios: list[Any]) -> None
                 out.append(f"- `{r.scenario}` on {r.backend}: ... {len(r.violations) - 10} more")
         out.append("")
     DOC.write_text("\n".join(out))
+
+
+def _since(previous: str, results: list[Result], command: str, stamp: str) -> list[str]:
+    """The table of scenarios run on their own: earlier rows, then these results'."""
+    rows: dict[tuple[str, str], str] = {}
+    for line in previous.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) > 2 and cells[0] not in ("scenario",):
+            rows[(cells[0], cells[1])] = line
+    commit = _commit()
+    for r in results:
+        violations = "; ".join(v.splitlines()[0][:200] for v in r.violations[:3])
+        rows[(r.scenario, r.backend)] = (
+            f"| {r.scenario} | {r.backend} | {r.runs} | {r.jobs} | {r.faults} | "
+            f"{len(r.violations)}{': ' + violations if violations else ''} | {r.figure()} | "
+            f"{r.seconds:.0f}s | `{command}` at `{commit}`, {stamp} |"
+        )
+    return [
+        SINCE,
+        "",
+        "Scenarios added or changed since, each run with `--scenario NAME --write-docs`.",
+        "",
+        "| scenario | backend | runs | jobs | faults | violations | figures | time | run |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|",
+        *rows.values(),
+    ]
