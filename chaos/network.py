@@ -21,6 +21,9 @@ from chaos.runlog import Record
 from chaos.scenarios import Scenario, _finish, rng, scale
 from conveyor.errors import ConveyorError
 
+# How long after a promotion every worker must be running jobs again: the claim's back-off
+# cap (5 s, 7.5 s with jitter) plus a connect timeout (5 s), with room for a busy machine.
+RECONNECT_BOUND = 30.0
 LIVE = frozenset({"start", "begin", "beat", "ckpt", "step", "block", "unblock", "end"})
 
 
@@ -255,12 +258,13 @@ async def pg_failover(run: Run) -> None:
         try:
             await run.wait_for(
                 functools.partial(_started_since, run, worker, promoted),
-                120,
+                RECONNECT_BOUND,
                 f"a run on worker {worker.pid} after the promotion",
             )
         except TimeoutError:
             run.violations.append(
-                f"[failover] worker {worker.pid} started no job within 120 s of the promotion"
+                f"[failover] worker {worker.pid} started no job within {RECONNECT_BOUND:g} s "
+                "of the promotion"
             )
             continue
         back.append(min(r.mono for r in run.records() if _started_after(r, worker, promoted)))

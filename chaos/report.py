@@ -174,14 +174,17 @@ PROMISES = [
     "one; the LISTEN connection comes back with backoff, polling meanwhile) if their "
     "URL finds the new primary: name both servers with "
     "`target_session_attrs=read-write` (`postgresql://user@db1:5432,db2:5432/jobs"
-    "?target_session_attrs=read-write`), or use a name or address that moves. The "
-    "`pg-failover` row below gives the measured times: from the promotion until every "
-    "worker runs jobs again, and from the primary's death to the first acknowledged "
-    "submit. **Leases follow the server's clock**: lease ends are timestamps written by "
-    "the primary's `now()` and read by the standby's after promotion, so the two "
-    "machines' clocks must agree to well within the margin (NTP keeps them to "
-    "milliseconds); a standby clock ahead by more than the margin would end every "
-    "lease that much early.",
+    "?target_session_attrs=read-write`), or use a name or address that moves. A worker "
+    "claims again at most the claim's back-off cap (5 s, 7.5 s with jitter) after the "
+    "promoted server takes connections, plus the 5 s connect timeout for each "
+    "unreachable host listed before it; `pg-failover` fails if a worker has not started "
+    "a job 30 s after the promotion, and its row below gives the measured times: from the "
+    "promotion until every worker runs jobs again, and from the primary's death to the "
+    "first acknowledged submit. **Leases follow the server's clock**: lease ends are "
+    "timestamps written by the primary's `now()` and read by the standby's after "
+    "promotion, so the two machines' clocks must agree to well within the margin "
+    "(NTP keeps them to milliseconds); a standby clock ahead by more than the margin "
+    "would end every lease that much early.",
 ]
 
 
