@@ -139,17 +139,24 @@ PROMISES = [
     "the lease to end by the database's clock, plus its rescue interval). So for a "
     "worker cut off from PostgreSQL (a partition, a stalled network, a dead primary):",
     "",
-    "- **Shorter than lease − lease/3 − the margin** (18 s at the default 30 s lease; "
-    "at the chaos suite's 2 s lease, 1 s: half a lease): nothing happens. Statements in "
-    "flight complete when the network heals; runs go on; no attempt is spent. At the "
-    "edge, a run renewed just before the cut is stopped and handed back as below "
-    "(`partition-short`).",
-    "- **Up to about a lease**: the worker stops the runs whose leases could end and "
-    "hands their jobs back once the database answers: fenced by the lease token, "
-    "runnable when the lease would have ended, **no attempt spent**. They resume from "
-    "their last checkpoint, on any worker.",
-    "- **Longer than a lease**: the runs are stopped by the worker's own clock before "
-    "their leases end; another worker rescues each job (a `lost` attempt, which counts "
+    "- **Shorter than two thirds of a lease** (the lease less the heartbeat interval: "
+    "20 s at the default 30 s lease, 1.3 s at the chaos suite's 2 s; the database's "
+    "copy of each lease was renewed at most that long before the cut): no attempt is "
+    "spent and no job is rescued. Runs whose "
+    "leases could end before a renewal is confirmed are stopped and their jobs handed "
+    "back as soon as the database answers (see the next point); the others go on. "
+    "Which runs stop depends on where the cut falls between beats: a heartbeat waits at "
+    "most half the margin for its answer, then gives the connection up and tries a new "
+    "one, so a beat held by the network does not count even if it arrives at the heal "
+    "(`partition-short`, half a lease: most of the runs caught are stopped and handed "
+    "back, see its row).",
+    "- **Stopped and handed back**: the worker stops a run at its fence and hands its "
+    "job back once the database answers: fenced by the lease token, runnable when the "
+    "lease would have ended, **no attempt spent**. It resumes from its last checkpoint, "
+    "on any worker.",
+    "- **Longer** (from two thirds of a lease, depending on where the cut falls): the "
+    "runs are stopped by the worker's own clock before their leases end; another worker "
+    "rescues each job (a `lost` attempt, which counts "
     "against `max_attempts`) and runs it from its last checkpoint. Nothing the cut-off "
     "worker sends afterwards is accepted: checkpoints, results and hand-backs carry the "
     "old token, and statements held in the network and delivered after the heal are "
