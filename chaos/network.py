@@ -270,6 +270,18 @@ async def pg_failover(run: Run) -> None:
         back.append(min(r.mono for r in run.records() if _started_after(r, worker, promoted)))
     if back:
         run.metrics["fig promoted→every worker running again"] = f"{max(back) - promoted:.2f}s"
+    # Submitters reconnect by themselves too: a submit acknowledged by the new primary.
+    try:
+        await run.wait_for(
+            lambda: any(at > kill.mono for _, at in acked),
+            RECONNECT_BOUND,
+            "a submit acknowledged after the failover",
+        )
+    except TimeoutError:
+        run.violations.append(
+            f"[failover] no submit was acknowledged within {RECONNECT_BOUND:g} s after every "
+            "worker ran again"
+        )
     stop.set()
     await submitter
     after = [at for _, at in acked if at > kill.mono]

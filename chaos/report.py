@@ -148,8 +148,8 @@ PROMISES = [
     "Which runs stop depends on where the cut falls between beats: a heartbeat waits at "
     "most half the margin for its answer, then gives the connection up and tries a new "
     "one, so a beat held by the network does not count even if it arrives at the heal "
-    "(`partition-short`, half a lease: most of the runs caught are stopped and handed "
-    "back, see its row).",
+    "(`partition-short`, half a lease: from none to two thirds of the runs caught were "
+    "stopped and handed back in the runs here, see its row).",
     "- **Stopped and handed back**: the worker stops a run at its fence and hands its "
     "job back once the database answers: fenced by the lease token, runnable when the "
     "lease would have ended, **no attempt spent**. It resumes from its last checkpoint, "
