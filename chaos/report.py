@@ -112,8 +112,17 @@ GUARANTEES: list[tuple[str, str, str]] = [
         "partition costs nothing",
         "A short partition costs nothing",
         "A worker cut off from PostgreSQL (every connection through a proxy that passes "
-        "nothing) for half a lease keeps its runs: none is stopped, rescued or charged an "
-        "attempt (each job's attempts, read from the database, are exactly one success).",
+        "nothing) for half a lease, six times: no job is rescued or charged an attempt "
+        "(each job's attempts, read from the database, are exactly one success); runs "
+        "whose leases could have ended were stopped and handed back (counted in the row).",
+    ),
+    (
+        "failover",
+        "A failover loses no acknowledged submit",
+        "With a synchronous standby, every submit acknowledged before the primary was "
+        "SIGKILLed is on the promoted standby; by themselves, every worker runs jobs again "
+        "within 30 s of the promotion and the submitter has a submit acknowledged within "
+        "30 s more.",
     ),
     (
         "cut-off runs stop",
@@ -355,7 +364,8 @@ def write_doc(
         "conveyor's guarantees (see the README) are checked by the **chaos suite**: real "
         "`conveyor worker` processes on a fresh database per scenario, faults injected from "
         "outside (SIGKILL, SIGSTOP, held locks, a PostgreSQL server stopped, a full disk, "
-        "libfaketime), and a checker that reads an **out-of-band run log** (each handler "
+        "libfaketime, a worker's network cut by a proxy, a primary killed and its standby "
+        "promoted), and a checker that reads an **out-of-band run log** (each handler "
         "appends what it did to a per-process file with `O_APPEND`, never through conveyor) "
         "and the database afterwards. A lost or doubled run shows in the run log even if "
         "conveyor's own records were wrong.",
