@@ -115,10 +115,15 @@ async def test_a_retry_of_a_retry_points_at_the_first_job_up_to_the_types_limit(
             await app.retry(first.id)
         third = await app.retry(second.id)
         await settled(third, Status.FAILED)
+    # The last retry allowed says so as it fails (issue #30 item 11: only once another
+    # retry was tried); the one before it does not.
+    assert (await app.get(second.id)).error == "RuntimeError: still broken"
+    note = f"retry limit reached (2 manual retries of {first.id})"
+    assert (await app.get(third.id)).error == f"RuntimeError: still broken; {note}"
     assert (second.retry_of, second.retry_count) == (first.id, 1)
     assert (third.retry_of, third.retry_count) == (first.id, 2)
     assert third.submitted_by == "local"
-    with pytest.raises(RetryLimitReached, match="retry limit reached"):
+    with pytest.raises(RetryLimitReached, match=r"retry limit reached.*\(its retry_limit=2\)"):
         await app.retry(third.id)
     last = await app.get(third.id)
     assert (

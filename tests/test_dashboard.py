@@ -187,6 +187,8 @@ async def test_cross_origin_and_csrf_less_posts_are_refused(
     ok = await post(c, path, csrf)
     assert ok.status_code == 303
     assert (await job.refresh()).status is Status.CANCELLED
+    # Recorded as the dashboard's (issue #30 item 11: it read "through the API").
+    assert job.error is not None and job.error.startswith("cancelled through the dashboard (token")
 
 
 async def test_get_never_mutates(app: Conveyor, browser: Any, secrets: dict[str, str]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from conveyor import (
     Submission,
     WorkerOptions,
 )
-from conveyor.core.model import Settlement
+from conveyor.core.model import Progress, Settlement
 from conveyor.store import Beat, Store, create_store
 from tests.helpers import eventually, fast_options, running_worker, settled
 
@@ -253,13 +254,16 @@ async def test_graceful_stop_hands_running_jobs_back(app: Conveyor) -> None:
 
 async def test_progress_and_checkpoints_reach_the_next_attempt(app: Conveyor) -> None:
     seen_state: list[object] = []
+    seen_progress: list[Progress | None] = []
 
     @app.job(max_attempts=2, backoff="10ms")
     async def resumable(ctx: JobContext, total: int) -> int:
         seen_state.append(ctx.state)
+        seen_progress.append(ctx.last_progress)  # issue #30 item 11: no getter before
         start = (ctx.state or {}).get("i", 0)
         for i in range(start, total):
             ctx.progress(i + 1, total, "working")
+            assert ctx.last_progress == Progress(i + 1, total, "working")
             if i == 4 and ctx.attempt == 1:
                 await ctx.checkpoint({"i": 5})
                 raise RuntimeError("crash after checkpoint")
@@ -269,7 +273,22 @@ async def test_progress_and_checkpoints_reach_the_next_attempt(app: Conveyor) ->
     async with running_worker(app):
         await settled(job, Status.SUCCEEDED)
     assert seen_state == [None, {"i": 5}]
+    assert seen_progress[0] is None and seen_progress[1] is not None  # the first attempt's
     assert job.progress is not None and job.progress.done == 10 and job.progress.total == 10
+    # JobHandle.to_dict (issue #30 item 11): the job as JSON values, without lease internals.
+    document = job.to_dict()
+    assert document["status"] == "succeeded" and document["result"] == 10
+    assert document["progress"] == {
+        "done": 10.0,
+        "total": 10.0,
+        "message": "working",
+        "fraction": 1.0,
+    }
+    assert (
+        "lease_token" not in document
+        and document["created_at"] == job.record.created_at.isoformat()
+    )
+    json.dumps(document)
 
 
 async def test_a_job_type_unknown_to_the_worker_fails_with_a_clear_error(db_url: str) -> None:

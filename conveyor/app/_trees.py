@@ -17,6 +17,7 @@ from conveyor.app.handles import JobHandle, JobSource
 from conveyor.app.registry import Registry
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
+from conveyor.core.retry import retry_limit_note
 from conveyor.errors import (
     Forbidden,
     InvalidState,
@@ -80,13 +81,13 @@ class Trees:
         return JobHandle(self.app, job)
 
     async def _refuse(self, old: Job, limit: int) -> None:
-        note = f"retry limit reached ({limit} manual retries of {old.retry_of or old.id})"
+        note = retry_limit_note(limit=limit, first_id=old.retry_of or old.id)
         if old.error is None or note not in old.error:
             error = note if not old.error else f"{old.error}; {note}"
             await (await self.app.store()).note_retry_limit(old.id, error)
         raise RetryLimitReached(
             f"job {old.id} cannot be retried: {note}, the limit of type {old.type!r} "
-            "(its retry_limit=); submit a new job if it must run again"
+            f"(its retry_limit={limit}); submit a new job if it must run again"
         )
 
     async def retry_failed_children(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -170,6 +171,20 @@ class JobHandle(JobView):
         """The jobs this one spawned, newest first."""
         return await self._app.children(self.id, limit=limit)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The job as last read, as JSON values: every field (times in ISO 8601, the status
+        by name, ``progress`` with its fraction, ``below`` with ``done`` and ``total``) but
+        the lease's internals, for logs and an application's own answers."""
+        record = self.record
+        document = {
+            f.name: _json_value(getattr(record, f.name))
+            for f in dataclasses.fields(record)
+            if f.name not in _LEASE_FIELDS
+        }
+        if record.progress is not None:
+            document["progress"]["fraction"] = record.progress.fraction
+        return document
+
     @property
     def sync(self) -> Any:
         """Blocking versions of this handle's coroutine methods."""
@@ -189,6 +204,24 @@ class JobHandle(JobView):
         from conveyor.web import accepted
 
         return accepted(self.record, prefix=prefix, headers=headers)
+
+
+# A lease's token and owner are the worker's business: a holder of them could settle it.
+_LEASE_FIELDS = frozenset({"lease_token", "lease_owner", "lease_expires_at"})
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, TreeCounts):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Status):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, tuple | list):
+        return [_json_value(v) for v in value]
+    return value
 
 
 class Submitter(Protocol):

@@ -172,9 +172,11 @@ def request_differences(job: Job, new: NewJob) -> list[str]:
 class TenantView:
     """The jobs of ``principal``'s tenant (of every tenant for an admin) in ``app``."""
 
-    def __init__(self, app: Conveyor, principal: Principal) -> None:
+    def __init__(self, app: Conveyor, principal: Principal, *, surface: str = "the API") -> None:
         self.app = app
         self.principal = principal
+        # Where the principal acts from, as a cancel's reason names it ("the dashboard").
+        self.surface = surface
 
     @property
     def who(self) -> str:
@@ -402,7 +404,7 @@ class TenantView:
                 "cancelled" + ("; retry it instead" if job.status is not Status.SUCCEEDED else "")
             )
         self.require(Role.WRITE)
-        reason = f"cancelled through the API (token {self.principal.token_id})"
+        reason = f"cancelled through {self.surface} (token {self.principal.token_id})"
         after = (await self.app.cancel(job.id, reason=reason)).record
         if after.terminal and after.status is not Status.CANCELLED:
             raise InvalidState(f"job {job_id} ended {after.status.value} before it was cancelled")

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -129,7 +130,7 @@ def serve(
         from conveyor.web._server import ServerLimits
     except ImportError as exc:
         fail(
-            f'serve needs the web extra ({exc.name} is not installed): pip install "conveyor[web]"',
+            f"serve needs the web extra ({exc.name} is not installed): {_web_extra_hint()}",
             EXIT_USAGE,
         )
     _check_port(host, port)
@@ -229,3 +230,16 @@ async def _serve(
             worker_.stop()
             await running
         await app.close()
+
+
+def _web_extra_hint() -> str:
+    """How to install the web extra: conveyor is not on PyPI, so from the clone it came
+    from (named when this copy is an editable install of one)."""
+    import conveyor
+
+    clone = Path(conveyor.__file__).resolve().parent.parent
+    where = str(clone) if (clone / "pyproject.toml").is_file() else "/path/to/conveyor"
+    return (
+        f'conveyor is not on PyPI: install the extra from its clone, pip install "{where}[web]"'
+        " (README.md, Install)"
+    )

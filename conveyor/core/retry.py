@@ -93,3 +93,13 @@ def should_retry(*, attempt: int, max_attempts: int) -> bool:
     False
     """
     return attempt < max_attempts
+
+
+def retry_limit_note(*, limit: int, first_id: str) -> str:
+    """The note a failed job's error ends with once its chain has had the ``limit``
+    manual retries its type allows.
+
+    >>> retry_limit_note(limit=2, first_id="j1")
+    'retry limit reached (2 manual retries of j1)'
+    """
+    return f"retry limit reached ({limit} manual retries of {first_id})"

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.model import JSON, Outcome, Settlement, after_failure
-from conveyor.errors import ConveyorError
+from conveyor.core.retry import retry_limit_note
+from conveyor.errors import ConveyorError, UnknownJobType
 from conveyor.observe import tracing
 from conveyor.store import Store
 from conveyor.worker._base import WorkerBase, log
@@ -185,7 +186,7 @@ class Executor(WorkerBase):
         retry_after: float | None = None,
     ) -> Settlement:
         job = run.job
-        return after_failure(
+        settlement = after_failure(
             job_id=job.id,
             token=job.lease_token,
             attempt=job.attempt,
@@ -199,6 +200,19 @@ class Executor(WorkerBase):
             retry_after=retry_after,
             final=final,
         )
+        limit = self._retry_limit(job.type) if job.retry_count else None
+        if settlement.status is Status.FAILED and limit is not None and job.retry_count >= limit:
+            # The last manual retry its type allows says so as it fails, not only once
+            # another retry is refused.
+            note = retry_limit_note(limit=limit, first_id=job.retry_of or job.id)
+            settlement = dataclasses.replace(settlement, error=f"{settlement.error}; {note}")
+        return settlement
+
+    def _retry_limit(self, job_type: str) -> int | None:
+        try:
+            return self.app.registry.get(job_type).options.retry_limit
+        except UnknownJobType:  # failed for that very reason: nothing to say of retries
+            return None
 
     def _arm_timeout(self, run: Run, after: float | None = None) -> None:
         """Interrupt ``run`` when its time limit (or ``after`` seconds) has passed."""

@@ -93,6 +93,7 @@ class JobContext:
         self._cancelled = False
         self.cancel_reason: str | None = None
         self._log: JobLogger | None = None
+        self._progress: Progress | None = job.progress
 
     @property
     def log(self) -> JobLogger:
@@ -121,11 +122,17 @@ class JobContext:
     def progress(
         self, done: float, total: float | None = None, message: str | None = None
     ) -> _Done:
-        """Record progress; written with the next heartbeat. Await it or not, as you like."""
-        self._port.report_progress(
-            Progress(float(done), None if total is None else float(total), message)
-        )
+        """Record progress; written with the next heartbeat. Await it or not, as you like.
+        Read it back with :attr:`last_progress`."""
+        self._progress = Progress(float(done), None if total is None else float(total), message)
+        self._port.report_progress(self._progress)
         return _DONE
+
+    @property
+    def last_progress(self) -> Progress | None:
+        """The progress this attempt last recorded, else the job's as stored when it was
+        claimed (an earlier attempt's), else None: ``ctx.progress(...)`` records it."""
+        return self._progress
 
     async def checkpoint(self, state: JSON) -> None:
         """Save ``state`` (JSON) now; the next attempt of this job starts with it in ctx.state.

@@ -111,7 +111,7 @@ async def _signed(request: Request) -> Signed:
     if principal is None:  # revoked since sign-in
         _sessions(request).close(session.id)
         raise SignInFirst
-    return Signed(session, TenantView(_app(request), principal))
+    return Signed(session, TenantView(_app(request), principal, surface="the dashboard"))
 
 
 async def _form(request: Request) -> dict[str, list[str]]:
