@@ -74,8 +74,12 @@ async def run_one(
         url = f"sqlite:///{(disk.path if disk else tmp) / 'chaos.db'}"
     elif sc.replicated:
         replica = ReplicatedPostgres()
-        await asyncio.to_thread(replica.init)
-        url = replica.url(replica.primary.create_database(sc.name))
+        try:
+            await asyncio.to_thread(replica.init)
+            url = replica.url(replica.primary.create_database(sc.name))
+        except BaseException:
+            replica.remove()  # no server of a half-made pair outlives the command
+            raise
     else:
         assert pg is not None
         database = pg.create_database(sc.name)
