@@ -36,7 +36,7 @@ def test_an_operation_never_invoked_is_named_by_backend() -> None:
     """The end-of-run check, fed what a contract missing two operations would record."""
     assert "wait_for_jobs" in OPERATIONS and "open" in OPERATIONS
     some = OPERATIONS - {"wait_for_jobs", "record_audit"}
-    assert missing({"sqlite": OPERATIONS, "postgresql": some}) == {
-        "postgresql": ["record_audit", "wait_for_jobs"]
+    assert missing({"sqlite": OPERATIONS, "postgres": some}) == {
+        "postgres": ["record_audit", "wait_for_jobs"]
     }
-    assert missing({"sqlite": OPERATIONS, "postgresql": set()}) == {}  # it ran nothing
+    assert missing({"sqlite": OPERATIONS, "postgres": set()}) == {}  # it ran nothing
