@@ -33,7 +33,7 @@ from conveyor.core.model import Settlement
 from conveyor.store import Lease, create_store
 from conveyor.store.postgres import PostgresStore
 from conveyor.store.postgres._codec import Q as _Q
-from conveyor.store.postgres._leaves import settle_with_leaves
+from conveyor.store.postgres._settle import settle_with_leaves
 from conveyor.store.postgres.backend import _MIGRATIONS
 from tests.helpers import eventually, new, running_worker, settled
 
@@ -233,10 +233,10 @@ async def test_leases_and_run_at_are_server_times(store: PostgresStore) -> None:
 
 
 def test_a_copied_batch_writes_every_column_the_submit_insert_writes() -> None:
-    """Large batches are written with COPY (_codec.copy_jobs): a column added to the
+    """Large batches are written with COPY (_submit.copy_jobs): a column added to the
     submit INSERT must be added to the COPY too (unique keys and dependencies never
     take the COPY path)."""
-    from conveyor.store.postgres._codec import _COPY_COLUMNS
+    from conveyor.store.postgres._submit import _COPY_COLUMNS
 
     inserted = _Q["submit"].split("INSERT INTO conveyor_jobs (", 1)[1].split(")", 1)[0]
     columns = {c.strip() for c in inserted.split(",")}
@@ -643,7 +643,7 @@ def test_a_script_using_app_sync_exits_without_destroyed_tasks(url: str, tmp_pat
 async def test_a_parent_left_waiting_by_a_settle_that_died_before_deciding_is_ended(
     store: PostgresStore, url: str
 ) -> None:
-    """The leaves' settle commits before their parent is decided (postgres/_leaves.py):
+    """The leaves' settle commits before their parent is decided (postgres/_settle.py):
     a worker that dies in between leaves the parent waiting with nothing unfinished below
     it, for the maintenance sweep to end, callbacks and all."""
     await store.submit([new("parent")])

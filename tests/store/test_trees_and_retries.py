@@ -65,7 +65,7 @@ async def test_a_childs_settle_is_fenced_by_its_token_and_counted_by_its_parent(
         return job.below.succeeded
 
     # The first batch meets a tree; on PostgreSQL the later ones settle its children with
-    # the plain jobs, in one round trip (postgres/_leaves.py): each path is fenced.
+    # the plain jobs, in one round trip (postgres/_settle.py): each path is fenced.
     await store.submit([new("plain")])
     (plain,) = await claim(store)
     mixed = [

@@ -1,4 +1,4 @@
-"""PostgreSQL's values and its submit steps.
+"""PostgreSQL's values: reading its rows, and driving scripts on its cursors.
 
 Times are timestamptz, documents jsonb and lists arrays, all passed natively; ``now`` is
 None unless the clock is pinned, and the queries then use the server's ``now()``.
@@ -6,41 +6,31 @@ None unless the clock is pinned, and the queries then use the server's ``now()``
 
 from __future__ import annotations
 
-import json
 import operator
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg.adapt import Buffer, Loader
-from psycopg.pq import ExecStatus, TransactionStatus
-from psycopg.rows import dict_row, tuple_row
+from psycopg.pq import ExecStatus
+from psycopg.rows import tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 
-from conveyor.core.jsontext import compact, loads
-from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
-from conveyor.core.model import JSON, Job, NewJob, Progress, Settlement
-from conveyor.errors import ConfigurationError
+from conveyor.core.jsontext import loads
+from conveyor.core.model import JSON, Job, Progress
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
 from conveyor.store._scripts import (
-    Row,
     Script,
-    check_dependencies,
-    check_same_tenant,
     drive,
     drive_async,
-    dumps,
 )
-from conveyor.store.protocol import Lease, Submitted
+from conveyor.store.protocol import Lease
 
 T = TypeVar("T")
 
 Q = load_queries("conveyor.store.postgres")
-# A unique key whose holder ends between our insert and our read-back is retried; more
-# than a few rounds would mean a bug, not a race.
-_SUBMIT_ROUNDS = 5
 
 
 @overload
@@ -141,302 +131,6 @@ def _job_of(
     )
 
 
-class PostgresDialect:
-    """How the shared scripts read PostgreSQL's values and insert jobs."""
-
-    def time(self, value: datetime | None) -> datetime | None:
-        return utc(value)
-
-    def json(self, value: JSON) -> JSON:
-        return value
-
-    def strings(self, value: Any) -> tuple[str, ...]:
-        return tuple(value)
-
-    def job(self, row: Row) -> Job:
-        return job_of_row(row)
-
-    def submit(self, jobs: Sequence[NewJob]) -> Script[list[Submitted]]:
-        return submit_steps(jobs, None)
-
-
-DIALECT = PostgresDialect()
-
-
-def _submit_params(
-    jobs: Sequence[NewJob], now: datetime | None, status: Status = Status.QUEUED
-) -> dict[str, Any]:
-    return {
-        "now": now,
-        "status": status.value,
-        "jobs": json.dumps(
-            [
-                {
-                    "id": j.id,
-                    "type": j.type,
-                    "queue": j.queue,
-                    "tenant": j.tenant,
-                    "payload": json.dumps(j.payload, separators=(",", ":")),
-                    "priority": j.priority,
-                    "max_attempts": j.max_attempts,
-                    "run_at": None if j.run_at is None else utc(j.run_at).isoformat(),
-                    "delay": j.delay,
-                    "timeout": j.timeout,
-                    "lease_seconds": j.lease,
-                    "backoff_base": j.backoff_base,
-                    "backoff_cap": j.backoff_cap,
-                    "state": dumps(j.state),
-                    "parent_id": j.parent_id,
-                    "root_id": j.root_id,
-                    "depends_on": list(j.depends_on) if j.depends_on else None,
-                    "unique_key": j.unique_key,
-                    "concurrency_key": j.concurrency_key,
-                    "retry_of": j.retry_of,
-                    "trace_context": j.trace_context,
-                    "retry_count": j.retry_count,
-                    "submitted_by": j.submitted_by,
-                }
-                for j in jobs
-            ],
-            separators=(",", ":"),
-            allow_nan=False,
-        ),
-    }
-
-
-def _one_params(job: NewJob, now: datetime | None) -> dict[str, Any]:
-    return {
-        "now": now,
-        "id": job.id,
-        "type": job.type,
-        "queue": job.queue,
-        "tenant": job.tenant,
-        "payload": compact(job.payload),
-        "priority": job.priority,
-        "max_attempts": job.max_attempts,
-        "run_at": None if job.run_at is None else utc(job.run_at),
-        "delay": float(job.delay),
-        "timeout": job.timeout,
-        "lease_seconds": job.lease,
-        "backoff_base": job.backoff_base,
-        "backoff_cap": job.backoff_cap,
-        "state": None if job.state is None else compact(job.state),
-        "parent_id": job.parent_id,
-        "root_id": job.root_id,
-        "unique_key": job.unique_key,
-        "concurrency_key": job.concurrency_key,
-        "retry_of": job.retry_of,
-        "trace_context": job.trace_context,
-        "retry_count": job.retry_count,
-        "submitted_by": job.submitted_by,
-    }
-
-
-async def submit_one(
-    conn: psycopg.AsyncConnection[Any], job: NewJob, now: datetime | None
-) -> Submitted | None:
-    """Insert one job without dependencies with one statement, in autocommit: the common
-    submit, in one round trip. None: its id or unique key is taken, and nothing was
-    written; :func:`submit_steps` then finds the job that holds it."""
-    if job.depends_on:
-        raise ValueError("submit_one takes a job without dependencies")
-    cursor = await conn.execute(Q["submit_one"], _one_params(job, now))
-    rows = await cursor.fetchall()
-    if not rows:
-        return None
-    (row,) = rows
-    stored = job.stored(Status.QUEUED, utc(row["run_at"]), utc(row["created_at"]))
-    return Submitted(stored, created=True)
-
-
-def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Submitted]]:
-    """Yield a submit's statements, receive their rows, and return what was submitted.
-
-    A generator, so that the same steps run on conveyor's pool, on an application's
-    async connection and on its sync one; the caller runs them in one transaction. Runs
-    of jobs without dependencies are inserted with one statement each; a job with
-    dependencies on its own, in batch order, so it may depend on jobs before it. Every
-    statement returns rows, which the drivers fetch.
-    """
-    results: list[Submitted] = []
-    start = 0
-    while start < len(jobs):
-        if jobs[start].depends_on:
-            results.append((yield from _insert_dependent(jobs[start], now)))
-            start += 1
-            continue
-        end = start
-        while end < len(jobs) and not jobs[end].depends_on:
-            end += 1
-        results.extend((yield from _insert_batch(jobs[start:end], now, Status.QUEUED)))
-        start = end
-    return results
-
-
-# A batch at least this large, of jobs without unique keys or dependencies, is written with
-# COPY: no JSON to build and parse, no conflict arbitration per row. Below it, one INSERT.
-COPY_MIN = 50
-_COPY_COLUMNS = (
-    "id", "type", "queue", "tenant", "payload", "status", "priority", "max_attempts", "run_at",
-    "timeout", "lease_seconds", "backoff_base", "backoff_cap", "state", "parent_id", "root_id",
-    "concurrency_key", "retry_of", "trace_context", "retry_count", "submitted_by", "created_at",
-)  # fmt: skip
-_COPY_CHUNK = 100  # rows sent to the server at a time
-_COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
-
-
-def copyable(jobs: Sequence[NewJob]) -> bool:
-    """Whether ``jobs`` may be written with :func:`copy_jobs`: a large batch with nothing
-    that needs ON CONFLICT but their ids (a taken id makes the COPY fail; see there)."""
-    return len(jobs) >= COPY_MIN and not any(j.unique_key or j.depends_on for j in jobs)
-
-
-def _copy_text(value: str | None) -> str:
-    """A text value as COPY's text format writes it: NULL is \\N; backslash, tab, newline
-    and carriage return are escaped."""
-    if value is None:
-        return "\\N"
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        value = (
-            value.replace("\\", "\\\\")
-            .replace("\t", "\\t")
-            .replace("\n", "\\n")
-            .replace("\r", "\\r")
-        )
-    return value
-
-
-def _copy_number(value: float | None) -> str:
-    return "\\N" if value is None else repr(value)
-
-
-def copy_jobs(
-    conn: psycopg.Connection[Any], jobs: Sequence[NewJob], now: datetime | None
-) -> list[Submitted]:
-    """Insert queued jobs with COPY, in the caller's transaction, as the submit INSERT would.
-
-    The times are the transaction's ``now()`` (read first), which the INSERT uses too.
-    COPY has no ON CONFLICT: an id already taken (a resubmitted client id, or this very
-    batch committed once before a lost connection) raises UniqueViolation, and the caller
-    submits the batch again the usual way, which returns the existing jobs.
-
-    The rows are written as COPY text here, the values shared by the batch formatted once
-    (per-value adaptation by ``write_row`` cost more than everything else on the client),
-    and sent a hundred at a time: the server inserts them while the next are written.
-    """
-    results = []
-    lines: list[str] = []
-    text = _copy_text
-    number = _copy_number
-    with conn.cursor(row_factory=tuple_row) as cursor:
-        if now is None:
-            ((now,),) = cursor.execute("SELECT now()").fetchall()
-        created = utc(now)
-        created_text = created.isoformat()
-        with cursor.copy(_COPY) as copy:
-            for n, j in enumerate(jobs, 1):
-                if j.run_at is None and not j.delay:
-                    run_at, run_at_text = created, created_text
-                else:
-                    run_at = (
-                        utc(j.run_at)
-                        if j.run_at is not None
-                        else created + timedelta(seconds=j.delay)
-                    )
-                    run_at_text = run_at.isoformat()
-                state = None if j.state is None else compact(j.state)
-                lines.append(
-                    f"{text(j.id)}\t{text(j.type)}\t{text(j.queue)}\t{text(j.tenant)}\t"
-                    f"{text(compact(j.payload))}\tqueued\t{int(j.priority)}\t"
-                    f"{int(j.max_attempts)}\t{run_at_text}\t{number(j.timeout)}\t"
-                    f"{number(j.lease)}\t{float(j.backoff_base)!r}\t"
-                    f"{float(j.backoff_cap)!r}\t{text(state)}\t{text(j.parent_id)}\t"
-                    f"{text(j.root_id)}\t{text(j.concurrency_key)}\t{text(j.retry_of)}\t"
-                    f"{text(j.trace_context)}\t{int(j.retry_count)}\t"
-                    f"{text(j.submitted_by)}\t{created_text}\n"
-                )
-                results.append(Submitted(j.stored(Status.QUEUED, run_at, created), created=True))
-                if n % _COPY_CHUNK == 0:
-                    copy.write("".join(lines))
-                    lines.clear()
-            if lines:
-                copy.write("".join(lines))
-    return results
-
-
-def _insert_batch(
-    jobs: Sequence[NewJob], now: datetime | None, status: Status
-) -> Script[list[Submitted]]:
-    """Insert jobs with one statement; an existing id or active unique key returns its job."""
-    results: dict[int, Submitted] = {}
-    pending = list(range(len(jobs)))
-    for _ in range(_SUBMIT_ROUNDS):
-        inserted = yield "submit", _submit_params([jobs[i] for i in pending], now, status)
-        created = {row["id"]: row for row in inserted}
-        missing = []
-        for i in pending:
-            # pop: when an id repeats within the batch, only its first job is created.
-            row = created.pop(jobs[i].id, None)
-            if row is not None:
-                stored = jobs[i].stored(
-                    STATUS[row["status"]], utc(row["run_at"]), utc(row["created_at"])
-                )
-                results[i] = Submitted(stored, created=True)
-            else:
-                missing.append(i)
-        if not missing:
-            break
-        existing = yield (
-            "existing_jobs",
-            {
-                "ids": [jobs[i].id for i in missing],
-                "unique_keys": [jobs[i].unique_key for i in missing if jobs[i].unique_key],
-            },
-        )
-        by_id = {row["id"]: row for row in existing}
-        by_key = {  # keys are held per tenant
-            (row["tenant"], row["unique_key"]): row
-            for row in existing
-            if row["unique_key"] is not None and Status(row["status"]) in ACTIVE
-        }
-        pending = []
-        for i in missing:
-            new = jobs[i]
-            found = by_id.get(new.id)
-            if found is None and new.unique_key is not None:
-                found = by_key.get((new.tenant, new.unique_key))
-            if found is None:
-                pending.append(i)  # its key's holder ended meanwhile: insert it again
-            else:
-                held = job_of_row(found)
-                check_same_tenant(new, held)
-                results[i] = Submitted(held, created=False)
-        if not pending:
-            break
-    else:
-        raise RuntimeError(f"jobs {[jobs[i].id for i in pending]} were neither inserted nor found")
-    return [results[i] for i in range(len(jobs))]
-
-
-def _insert_dependent(job: NewJob, now: datetime | None) -> Script[Submitted]:
-    """Insert a job with dependencies: pending, queued when all succeeded, or cancelled."""
-    rows = yield "lock_dependencies", {"ids": list(job.depends_on)}
-    found = {row["id"]: Status(row["status"]) for row in rows}
-    check_dependencies(job, found)
-    done = all(status is Status.SUCCEEDED for status in found.values())
-    (submitted,) = yield from _insert_batch([job], now, Status.QUEUED if done else Status.PENDING)
-    if not submitted.created:
-        return submitted
-    yield "insert_dependencies", {"job_id": job.id, "ids": list(dict.fromkeys(job.depends_on))}
-    blocked_by = next((d for d in job.depends_on if dependency_event(found[d]) is not None), None)
-    if blocked_by is None:
-        return submitted
-    reason = f"dependency {blocked_by} {found[blocked_by].value}"
-    yield "cancel_pending", {"id": job.id, "reason": reason, "now": now}
-    (row,) = yield "get", {"id": job.id}
-    return Submitted(job_of_row(row), created=True)
-
-
 class JsonText(Loader):
     """Reads a json column with :func:`~conveyor.core.jsontext.loads`, the C scanner alone.
 
@@ -484,32 +178,6 @@ async def run_script_async(
     return await drive_async(script, execute)
 
 
-async def run_on_application(
-    conn: psycopg.AsyncConnection[Any], script: Script[T], now: datetime | None
-) -> T:
-    """Run a script on an application's async connection, in its transaction (or in one
-    of the script's own when it is in autocommit), reading rows conveyor's way."""
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        our_loaders(cursor.adapters)
-        if conn.autocommit:
-            async with conn.transaction():
-                return await run_script_async(cursor, script, now)
-        return await run_script_async(cursor, script, now)
-
-
-def run_on_application_sync(
-    conn: psycopg.Connection[Any], script: Script[T], now: datetime | None
-) -> T:
-    """Run a script on an application's blocking connection, as
-    :func:`run_on_application` does on an async one."""
-    with conn.cursor(row_factory=dict_row) as cursor:
-        our_loaders(cursor.adapters)
-        if conn.autocommit:
-            with conn.transaction():
-                return run_script(cursor, script, now)
-        return run_script(cursor, script, now)
-
-
 def heartbeat_params(
     worker_id: str,
     leases: Sequence[Lease],
@@ -535,75 +203,3 @@ def heartbeat_params(
 
 def as_float(value: float | None) -> float | None:
     return None if value is None else float(value)
-
-
-def settle_params(
-    settlements: Sequence[Settlement], now: datetime | None, decided: bool
-) -> dict[str, Any]:
-    return {
-        "now": now,
-        "decided": decided,
-        "ids": [s.job_id for s in settlements],
-        "tokens": [s.token for s in settlements],
-        "statuses": [s.status.value for s in settlements],
-        "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
-        "results": [dumps(s.result) for s in settlements],
-        "result_refs": [s.result_ref for s in settlements],
-        "errors": [s.error for s in settlements],
-        "tracebacks": [s.traceback for s in settlements],
-        "retry_delays": [float(s.retry_delay) for s in settlements],
-        "done": [float(s.progress.done) if s.progress else None for s in settlements],
-        "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
-        "message": [s.progress.message if s.progress else None for s in settlements],
-    }
-
-
-def settle_plain(
-    conn: psycopg.Connection[Any], settlements: Sequence[Settlement], now: datetime | None
-) -> tuple[list[str], list[Settlement]]:
-    """Settle the jobs whose end reaches no other job, in one round trip.
-
-    BEGIN, the lock, the settle and COMMIT are sent at once (a pipeline), so the
-    transaction's locks never wait for this process. Returns the ids refused and the
-    settlements left for the store's transactional settle: jobs with a parent, children
-    or pending dependents, still running.
-    """
-    params = settle_params(settlements, now, False)
-    try:
-        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
-            conn.execute("BEGIN")
-            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
-            cursor.execute(Q["settle_plain"], params)
-            conn.execute("COMMIT")
-            pipeline.sync()
-            rows = cursor.fetchall()
-    except BaseException:
-        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()
-        raise
-    plain = {job_id for job_id, is_plain in rows if is_plain}
-    kept = {job_id for job_id, is_plain in rows if not is_plain}
-    refused = [s.job_id for s in settlements if s.job_id not in plain and s.job_id not in kept]
-    return refused, [s for s in settlements if s.job_id in kept]
-
-
-def on_database(
-    expected: tuple[str, datetime], steps: Script[T], checked: Callable[[], None]
-) -> Script[T]:
-    """Run ``steps`` only if the application's connection is on this store's database.
-
-    A connection to another database would fail on a missing table, or worse, write the
-    jobs into another conveyor's tables; nothing is written before this check.
-    """
-    (row,) = yield "database_identity", {}
-    if (row["database"], row["started"]) != expected:
-        where = row["database"]
-        if row["database"] == expected[0]:
-            where = f"{where} on another server"
-        raise ConfigurationError(
-            f"connection= is to database {where!r}, but this application uses "
-            f"{expected[0]!r}: pass a connection to the application's database, or submit "
-            "without connection="
-        )
-    checked()
-    return (yield from steps)

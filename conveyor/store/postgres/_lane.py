@@ -31,9 +31,10 @@ from psycopg import pq
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
-from conveyor.store.postgres._codec import Q, submit_one, utc
+from conveyor.store.postgres._codec import Q, utc
 from conveyor.store.postgres._connection import OUR_CONNECTIONS
 from conveyor.store.postgres._errors import translated
+from conveyor.store.postgres._submit import submit_one
 from conveyor.store.protocol import Submitted
 
 _STATEMENT = b"conveyor_submit_one"

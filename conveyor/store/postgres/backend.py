@@ -23,9 +23,7 @@ and one for one-job submits once a job is submitted alone (``_lane.py``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,34 +34,24 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from conveyor.core.auth import Token
-from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
-from conveyor.store._rows import STATUS
 from conveyor.store._scripted import ScriptedOps
 from conveyor.store.postgres._codec import (
-    DIALECT,
-    copy_jobs,
-    copyable,
+    Q as _Q,
+)
+from conveyor.store.postgres._codec import (
     fetch_jobs,
     heartbeat_params,
     job_of_row,
-    on_database,
     our_loaders,
-    run_on_application,
-    run_on_application_sync,
     run_script,
     run_script_async,
-    settle_params,
-    submit_steps,
     utc,
-)
-from conveyor.store.postgres._codec import (
-    Q as _Q,
 )
 from conveyor.store.postgres._connection import (
     CONNECTION_DEFAULTS,
@@ -76,10 +64,17 @@ from conveyor.store.postgres._connection import (
     reason,
     redact,
 )
+from conveyor.store.postgres._dialect import DIALECT
 from conveyor.store.postgres._errors import translated
 from conveyor.store.postgres._lane import OneJobSubmits
-from conveyor.store.postgres._leaves import TreeSettles, settle_plain_only, settle_with_leaves
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
+from conveyor.store.postgres._settle import Settles
+from conveyor.store.postgres._submit import (
+    ApplicationSubmits,
+    copy_jobs,
+    copyable,
+    submit_steps,
+)
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
@@ -165,7 +160,6 @@ class PostgresStore(ScriptedOps, SharedReads):
         self._clock = clock
         self._auto_migrate = migrate
         self._tenant_mix = TenantMix()
-        self._trees = TreeSettles()
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
@@ -181,9 +175,9 @@ class PostgresStore(ScriptedOps, SharedReads):
         self._cancelled: set[str] = set()
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
-        # Applications' connections found to be on this database (checked once each).
-        self._same_database: weakref.WeakSet[object] = weakref.WeakSet()
+        self._on_application = ApplicationSubmits(self._database)
         self._one_job = OneJobSubmits(self._connect, self._run, self._where)
+        self._settles = Settles(self._transaction, self._now)
 
     def __repr__(self) -> str:
         return f"<PostgresStore {redact(self.url)}>"
@@ -478,25 +472,7 @@ class PostgresStore(ScriptedOps, SharedReads):
                 except psycopg.errors.UniqueViolation:
                     pass  # an id is taken: the INSERT below returns the job holding it
             return await self._script(lambda: submit_steps(jobs, None))
-        now = self._now()
-        steps = submit_steps(jobs, now)
-        known = (psycopg.AsyncConnection, psycopg.Connection)
-        if isinstance(connection, known) and connection not in self._same_database:
-            steps = on_database(
-                await self._database(),
-                steps,
-                functools.partial(self._same_database.add, connection),
-            )
-        if isinstance(connection, psycopg.AsyncConnection):
-            return await run_on_application(connection, steps, now)
-        if isinstance(connection, psycopg.Connection):
-            # A blocking connection blocks: run it on a thread, its owner is waiting for us.
-            return await asyncio.to_thread(run_on_application_sync, connection, steps, now)
-        raise ConfigurationError(
-            "connection= takes a psycopg 3 connection (psycopg.AsyncConnection or "
-            f"psycopg.Connection), not {type(connection).__name__}: with SQLAlchemy pass "
-            "its driver_connection, with Django django.db.connection.connection"
-        )
+        return await self._on_application.submit(connection, jobs, self._now())
 
     async def _database(self) -> tuple[str, datetime]:
         """This store's database: its name and its server's start time (read each time: a
@@ -597,58 +573,7 @@ class PostgresStore(ScriptedOps, SharedReads):
         )
 
     async def settle(self, settlements: Sequence[Settlement]) -> list[str]:
-        if not settlements:
-            return []
-        now = self._now()
-        # A store that met trees lately settles their leaves with the plain jobs in one
-        # round trip (postgres/_leaves.py); others try the plain settle alone first.
-        leaves = self._trees.recent()
-        first = settle_with_leaves if leaves else settle_plain_only
-        ran = await self._transaction(lambda c: first(c, settlements, now), atomic=False)
-        if ran.rest and not leaves:
-            refused, rest = ran.refused, ran.rest
-            ran = await self._transaction(lambda c: settle_with_leaves(c, rest, now), atomic=False)
-            ran.refused[:0] = refused
-        self._trees.saw(ran.tree)
-        if ran.rest:
-            ran.refused += await self._transaction(lambda conn: self._settle(conn, ran.rest))
-        if ran.done:
-            await self._script(lambda: scripts.finish_listed(DIALECT, ran.done))
-        return ran.refused
-
-    def _settle(self, conn: SyncConnection, settlements: Sequence[Settlement]) -> list[str]:
-        """Settle in the caller's transaction; a job's end reaches its parent and dependents.
-
-        A worker's batch comes here only for the jobs its first settle left (see
-        :meth:`settle`); a rescue's whole batch does. The settle and the look-up of
-        dependents are pipelined, one round trip.
-        """
-        now = self._now()
-        # Queued ones too: a job whose cancel was asked for ends cancelled instead.
-        ended = [s.job_id for s in settlements if s.status.terminal or s.status is Status.QUEUED]
-        with conn.pipeline():
-            settled = conn.execute(_Q["settle"], settle_params(settlements, now, False))
-            awaited = conn.execute(_Q["awaited"], {"ids": ended}) if ended else None
-            rows = settled.fetchall()
-            upstream = {r["id"] for r in awaited.fetchall()} if awaited else set()
-        by_id = {row["id"]: row for row in rows}
-        deferred = [s for s in settlements if s.job_id in by_id and by_id[s.job_id]["deferred"]]
-        parents: frozenset[str] = frozenset()
-        if deferred:
-            decided = self._drive(conn, scripts.decide_from_children(deferred))
-            params = settle_params(decided, now, True)
-            for row in conn.execute(_Q["settle"], params).fetchall():
-                by_id[row["id"]] = row
-            parents = frozenset(d.job_id for d in decided)
-        ends = [
-            (row["id"], row["parent_id"], STATUS[row["status"]])
-            for row in by_id.values()
-            if not row["deferred"]
-        ]
-        if ends:
-            carry_on = scripts.after_settle(DIALECT, ends, awaited=upstream, parents=parents)
-            self._drive(conn, carry_on)
-        return [s.job_id for s in settlements if s.job_id not in by_id]
+        return await self._settles.settle(settlements)  # postgres/_settle.py
 
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
         params = {"id": lease.job_id, "token": lease.token, "state": scripts.dumps(state)}
@@ -662,7 +587,7 @@ class PostgresStore(ScriptedOps, SharedReads):
             if not rows:
                 return []
             decisions = scripts.rescue_decisions(rows, jitter)
-            return scripts.rescued(rows, decisions, self._settle(conn, decisions))
+            return scripts.rescued(rows, decisions, self._settles.settle_in(conn, decisions))
 
         return await self._transaction(rescue)
 
