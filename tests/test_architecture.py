@@ -410,9 +410,6 @@ ALLOWANCES = {
     # The application API, one facade by design (River's Client, Oban's top module); what
     # only operators' tools use lives in app.ops.
     "conveyor/app/client.py:Conveyor public methods",
-    # One backend implements the whole Store protocol over its pool, lanes and codec; the
-    # operations that are one shared script are delegated (store/_scripted.py).
-    "conveyor/store/postgres/backend.py:PostgresStore statements",
     # The shared transaction scripts, cohesive by mechanism (generators of named queries);
     # splitting them by domain, each with its own tests, is the next step.
     "conveyor/store/_scripts.py lines",
