@@ -489,6 +489,36 @@ async def test_bulk_jobs_in_the_cli_list_show_and_retry_a_tree(app: Conveyor, db
     assert (await app.get(root.id)).status is Status.WAITING
 
 
+async def test_jobs_show_lists_sub_jobs_in_natural_order(app: Conveyor, db_url: str) -> None:
+    """Issue #30 item 11: they read .0, .1, .10, .11, .2."""
+    root = await app.submit("parts", {"n": 12})
+    async with running_worker(app):
+        await settled(root, Status.FAILED)
+    at = ("--database-url", db_url)
+    document = json.loads((await acli("jobs", "show", root.id, "--json", *at)).stdout)
+    assert [c["id"] for c in document["children"]] == [f"{root.id}.{i}" for i in range(12)]
+
+
+async def test_a_job_in_a_queue_no_live_worker_serves_is_pointed_out(
+    app: Conveyor, db_url: str, worker: subprocess.Popen[bytes]
+) -> None:
+    """Issue #30 item 9: status and jobs show said nothing of it."""
+
+    async def live() -> bool:
+        return (await app.health()).counts.live_workers == 1
+
+    await eventually(live, timeout=60)
+    stray = await app.submit("build_report", {"months": 1}, queue="stray")
+    at = ("--database-url", db_url)
+    document = json.loads((await acli("status", "--json", *at)).stdout)
+    assert document["unserved_queues"] == {"stray": 1}
+    said = "queued in queue 'stray', which no live worker serves: start a worker with"
+    table = " ".join((await acli("status", *at)).stdout.split())
+    assert f"note: 1 job {said} `--queues stray`" in table, table
+    shown = " ".join((await acli("jobs", "show", stray.id, *at)).stdout.split())
+    assert f"this job is {said}" in shown, shown
+
+
 def test_tenant_limits_are_taken_from_the_command_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     good = ("--tenant-limit", "acme:concurrency=2,rate=10/s", "--tenant-limit", "*:max_queued=5")

@@ -120,14 +120,22 @@ class Target:
         app = app_from(app_spec, database_url, must_exist=must_exist)
         return cls(app, app.close, remote=False, app_spec=app_spec)
 
-    async def no_worker_hint(self) -> str | None:
-        """Say so when no worker is live to run a queued job (None when one is)."""
+    async def no_worker_hint(self, queue: str | None = None) -> str | None:
+        """Say so when no worker is live to run a queued job, or (on the database) when
+        none serves its ``queue``; None when one will."""
         from conveyor.app.client import Conveyor
         from conveyor.cli._remote import RemoteClient
-        from conveyor.core.health import no_live_worker
+        from conveyor.core.health import no_live_worker, queue_not_served, unserved_queues
 
         if isinstance(self.jobs, Conveyor):
-            return no_worker_hint(await self.jobs.health(), self.app_spec)
+            health = await self.jobs.health()
+            hint = no_worker_hint(health, self.app_spec)
+            if hint is None and queue is not None:
+                now = health.counts.now
+                live = [w.queues for w in await self.jobs.workers() if w.state(now) == "live"]
+                if unserved_queues({queue: 1}, live):
+                    hint = queue_not_served(queue, "this job is")
+            return hint
         if isinstance(self.jobs, RemoteClient):
             ready = await self.jobs.health()
             if ready.get("live_workers"):

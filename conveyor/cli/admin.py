@@ -202,6 +202,7 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
         worker_document,
         workers_table,
     )
+    from conveyor.core.health import queue_not_served, unserved_queues
 
     app = app_from(app_spec, database_url, must_exist=True)
 
@@ -211,11 +212,17 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
     health, queues, workers = run_command(go())
     now = health.counts.now
     hint = _health_hint(health, app_spec)
+    unserved = unserved_queues(
+        {q.name: q.counts.get("queued", 0) for q in queues},
+        [w.queues for w in workers if w.state(now) == "live"],
+        paused=[q.name for q in queues if q.paused],
+    )
     if as_json:
         print_json(
             {
                 "health": health.to_dict(),
                 "hint": hint,
+                "unserved_queues": unserved,
                 "queues": queues,
                 "workers": [worker_document(w, now) for w in workers],
             }
@@ -232,6 +239,9 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
     )
     if hint:
         console.print(f"[yellow]note:[/] {hint}", highlight=False)
+    for queue, n in unserved.items():
+        what = f"{n} job{'' if n == 1 else 's'}"
+        console.print(f"[yellow]note:[/] {queue_not_served(queue, what)}", highlight=False)
     console.print(queues_table(queues))
     console.print(workers_table(workers, now))
 

@@ -110,14 +110,14 @@ async def _wait_for(target: Target, job: ShownJob, timeout: float | None) -> Non
     from conveyor.cli._console import err_console, follow, status_text
 
     if job.status is Status.QUEUED:
-        hint = await target.no_worker_hint()
+        hint = await target.no_worker_hint(job.record.queue)
         if hint:
             err_console.print(Text.assemble(("warning:", "bold yellow"), " ", hint))
     if await follow(job, timeout):
         return
     message = f"job {job.id} still {status_text(job.record)} after {timeout:g}s"
     if job.status is Status.QUEUED:
-        hint = await target.no_worker_hint()
+        hint = await target.no_worker_hint(job.record.queue)
         if hint:
             message += f": {hint}"
     fail(message, EXIT_JOB_FAILED)
@@ -243,6 +243,7 @@ def jobs_show(
     sub-jobs (--follow: a live progress bar until it ends; Ctrl-C stops following, exit
     130)."""
     from conveyor.cli._console import console, job_document, jobs_table, print_job, print_json
+    from conveyor.core.ids import sibling_order
 
     shown: list[ShownJob] = []
 
@@ -251,10 +252,14 @@ def jobs_show(
         shown.append(job)
         if following and not job.terminal:
             await _wait_for(target, job, None)
-        hint = await target.no_worker_hint() if job.status is Status.QUEUED else None
+        hint = (
+            await target.no_worker_hint(job.record.queue) if job.status is Status.QUEUED else None
+        )
         below = job.record.below
         children = await jobs.children(job_id, limit=_SHOWN_CHILDREN) if below else []
-        return job, await job.attempts(), hint, list(children)
+        # In natural order (.2 before .10), as the dashboard's tree lists them.
+        ordered = sorted(children, key=lambda c: sibling_order(job.id, c.id))
+        return job, await job.attempts(), hint, ordered
 
     try:
         job, attempts, hint, children = target.run(go)
