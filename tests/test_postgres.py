@@ -550,32 +550,45 @@ def _buffers(plan: dict) -> int:  # type: ignore[type-arg]
 async def test_claim_reads_a_few_pages_with_100k_queued_jobs_in_two_queues(
     url: str, store: PostgresStore
 ) -> None:
+    # 100,000 jobs of type t, and behind them (latest, least urgent) 1,000 of a rare type
+    # that only a specialised worker serves.
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(
             "INSERT INTO conveyor_jobs (id, type, queue, payload, status, priority, "
             "max_attempts, run_at, backoff_base, backoff_cap, created_at) "
-            "SELECT lpad(g::text, 26, '0'), 't', CASE WHEN g % 10 = 0 THEN 'media' "
-            "ELSE 'default' END, '{}', 'queued', g % 3, 3, now() - make_interval(secs => g), "
-            "1, 60, now() FROM generate_series(1, 100000) AS g"
+            "SELECT lpad(g::text, 26, '0'), CASE WHEN g > 100000 THEN 'rare' ELSE 't' END, "
+            "CASE WHEN g % 10 = 0 THEN 'media' ELSE 'default' END, '{}', 'queued', "
+            "CASE WHEN g > 100000 THEN 5 ELSE g % 3 END, 3, "
+            "now() - make_interval(secs => 200000 - g), 1, 60, now() "
+            "FROM generate_series(1, 101000) AS g"
         )
         await conn.execute("ANALYZE conveyor_jobs")
-        cur = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _Q["claim"],
-            {
-                "worker_id": "w",
-                "queues": ["default", "media"],
-                "limit": 10,
-                "lease": 30.0,
-                "now": None,
-            },
-        )
-        row = await cur.fetchone()
-    plan = (json.loads(row[0]) if isinstance(row[0], str) else row[0])[0]["Plan"]
-    # Claiming 10 jobs touches pages for those 10 rows and their index entries, not the
-    # 100,000 rows that wait: a sort of every due row would read thousands of pages.
-    assert _buffers(plan) < 400, plan
-    claimed = await store.claim(worker_id="w", queues=["default", "media"], limit=10, lease=30)
-    assert [j.priority for j in claimed] == [0] * 10
+        for types in (["t"], ["rare"], ["t", "rare", "absent"]):
+            cur = await conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _Q["claim"],
+                {
+                    "worker_id": "w",
+                    "queues": ["default", "media"],
+                    "types": types,
+                    "limit": 10,
+                    "lease": 30.0,
+                    "now": None,
+                },
+            )
+            row = await cur.fetchone()
+            plan = (json.loads(row[0]) if isinstance(row[0], str) else row[0])[0]["Plan"]
+            # Claiming 10 jobs touches pages for those 10 rows and their index entries,
+            # not the 100,000 rows that wait, whichever share of them the worker serves:
+            # a sort of every due row, or a scan past other types, would read thousands.
+            assert _buffers(plan) < 400, (types, plan)
+    claimed = await store.claim(
+        worker_id="w", queues=["default", "media"], types=["t"], limit=10, lease=30
+    )
+    assert [(j.type, j.priority) for j in claimed] == [("t", 0)] * 10
+    rare = await store.claim(
+        worker_id="w", queues=["default", "media"], types=["rare"], limit=10, lease=30
+    )
+    assert [(j.type, j.priority) for j in rare] == [("rare", 5)] * 10
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from conveyor.store.protocol import (
     ScheduleInfo,
     Store,
     Submitted,
+    UnservedType,
     WorkerInfo,
 )
 
@@ -81,6 +82,7 @@ __all__ = [
     "ScheduleInfo",
     "Store",
     "Submitted",
+    "UnservedType",
     "WorkerInfo",
     "create_store",
     "sqlite_path",

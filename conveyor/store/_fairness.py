@@ -132,7 +132,7 @@ def admit_fair(
     rows = yield "tenant_candidates", params | {"tenants": list(tenants), "limit": want}
     head = yield (
         "claim_candidates",
-        params | {"blocked_types": [], "blocked_keys": [], "taken": [], "limit": want},
+        params | {"blocked_keys": [], "taken": [], "limit": want},
     )
     queues: dict[str | None, list[Any]] = {}
     for r in [*rows, *(r for r in head if r["tenant"] is None)]:

@@ -14,7 +14,16 @@ from typing import Any
 from conveyor.core.auth import Token
 from conveyor.store import _scripts as scripts
 from conveyor.store._scripts import Dialect
-from conveyor.store.protocol import AuditEntry, HealthCounts, JobEvent, MinuteStats, QueueLag
+from conveyor.store.protocol import (
+    AuditEntry,
+    HealthCounts,
+    JobEvent,
+    MinuteStats,
+    QueueInfo,
+    QueueLag,
+    UnservedType,
+    WorkerInfo,
+)
 
 
 class SharedReads(ABC):
@@ -59,6 +68,18 @@ class SharedReads(ABC):
     async def health(self) -> HealthCounts:
         (row,) = await self._fetch("health", {"now": self._time_param(None)})
         return scripts.health_counts(self.dialect, row)
+
+    async def unserved_types(self) -> list[UnservedType]:
+        rows = await self._fetch("unserved_types", {"now": self._time_param(None)})
+        return [UnservedType(r["type"], int(r["n"])) for r in rows]
+
+    async def workers(self) -> list[WorkerInfo]:
+        return [scripts.worker_info(self.dialect, r) for r in await self._fetch("workers")]
+
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        if tenant is not None:
+            return scripts.queue_infos(await self._fetch("tenant_queues", {"tenant": tenant}))
+        return scripts.queue_infos(await self._fetch("queues"))
 
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         return [r["name"] for r in await self._fetch("lease_names", {"limit": limit})]

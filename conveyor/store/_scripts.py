@@ -281,6 +281,8 @@ def worker_info(dialect: Dialect, row: Row) -> WorkerInfo:
         stopped_at=dialect.time(row["stopped_at"]),
         lease=row["lease_seconds"],
         heartbeat_interval=row["heartbeat_seconds"],
+        types=None if row["types"] is None else dialect.strings(row["types"]),
+        forget_after=row["forget_seconds"],
     )
 
 
@@ -307,6 +309,8 @@ def worker_params(worker: WorkerInfo) -> dict[str, Any]:
         "concurrency": worker.concurrency,
         "lease_seconds": worker.lease,
         "heartbeat_seconds": worker.heartbeat_interval,
+        "types": None if worker.types is None else list(worker.types),
+        "forget_seconds": worker.forget_after,
     }
 
 
@@ -1136,12 +1140,16 @@ def _admit(
     chosen: list[Any] = []
     for _ in range(_CLAIM_ROUNDS):
         want = params["limit"] - len(taken)
+        # A type at its limit is left out of the claim's ranges, not filtered from them.
+        types = [t for t in params["types"] if t not in capacity.blocked_types]
+        if not types:
+            break
         rows = yield (
             "claim_candidates",
             params
             | {
                 "limit": want,
-                "blocked_types": sorted(capacity.blocked_types),
+                "types": types,
                 "blocked_keys": sorted(f"{t}\x1f{k}" for t, k in capacity.blocked_keys),
                 "taken": list(taken),
             },

@@ -63,6 +63,12 @@ class WorkerInfo:
     # Its lease and heartbeat interval in seconds: health judges the worker by them.
     lease: float = 60.0
     heartbeat_interval: float = 20.0
+    # The job types it has handlers for, the only ones it claims (None: a worker from
+    # before workers recorded them, which claims any type).
+    types: tuple[str, ...] | None = None
+    # Seconds after its last heartbeat when the registry forgets it (dead or stopped):
+    # health counts a death only inside this window; attempts keep its history.
+    forget_after: float = 3600.0
 
     def state(self, now: datetime) -> str:
         """``stopped``, ``dead`` (silent for longer than its lease), or ``live``."""
@@ -116,7 +122,17 @@ class HealthCounts:
     live_workers: int  # not stopped, newest heartbeat younger than the worker's lease
     last_heartbeat: datetime | None
     now: datetime
-    dead_workers: int = 0  # not stopped, but silent for longer than their lease
+    # Not stopped, silent for longer than their lease, but not for longer than their
+    # forget window: deaths older than that no longer count against health.
+    dead_workers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UnservedType:
+    """Queued jobs of a type that no live worker serves (none has the type and its queue)."""
+
+    type: str
+    queued: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,11 +253,16 @@ class Store(Protocol):
         queues: Sequence[str],
         limit: int,
         lease: float,
+        types: Sequence[str] | None = None,
         limits: Limits | None = None,
         on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` due jobs: status running, new token, attempt + 1.
 
+        Only jobs of ``types`` are claimed: a worker names the types it has handlers for,
+        so a type it lacks waits, its attempts unspent, for a worker that knows it
+        (during a rolling deploy). ``None``, for tests and tools, claims any type: the
+        store first reads which types have queued jobs, one more round trip.
         Jobs held back by ``limits`` stay queued and do not block other types or keys.
         ``on_claimed`` is called with the claimed jobs on the store's own thread as soon
         as the claim has committed, before the caller's event loop hears of it, even if
@@ -367,6 +388,15 @@ class Store(Protocol):
 
     async def workers(self) -> list[WorkerInfo]:
         """Return workers, live ones first."""
+
+    async def forget_workers(self, *, limit: int) -> list[str]:
+        """Delete up to ``limit`` workers silent for longer than their own forget window
+        (dead or stopped); return their ids. Their attempts keep their history."""
+
+    async def unserved_types(self) -> list[UnservedType]:
+        """Return the types of queued jobs that no live worker serves, by name: none
+        heartbeating within its lease has the job's queue among its queues and the type
+        among its types (a worker with no recorded types serves every type)."""
 
     async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
         """Return every known queue with its counts (``tenant``: of that tenant's jobs only,

@@ -47,6 +47,7 @@ class WorkerBase:
     options: WorkerOptions
     id: str
     queues: tuple[str, ...]
+    types: tuple[str, ...]  # the job types it has handlers for, the only ones it claims
     leases: Leases
     processed: int
     _active: int  # handlers running, slots taken

@@ -122,6 +122,29 @@ class Pruner:
         return total
 
 
+@dataclass
+class WorkerForgetter:
+    """Deletes workers silent for longer than their own forget window, dead or stopped.
+
+    A killed worker would otherwise stay in the registry for as long as the database
+    lives, and every look at the cluster would count it; its attempts keep its history.
+    """
+
+    store: Store
+    batch: int = 500
+
+    async def run_once(self) -> list[str]:
+        forgotten: list[str] = []
+        while True:
+            found = await self.store.forget_workers(limit=self.batch)
+            forgotten.extend(found)
+            if len(found) < self.batch:
+                break
+        for worker_id in forgotten:
+            log.info("forgot worker %s (silent for longer than its forget window)", worker_id)
+        return forgotten
+
+
 class Duty(Protocol):
     async def run_once(self) -> object: ...
 

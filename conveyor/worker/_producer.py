@@ -56,6 +56,7 @@ class Producer(WorkerBase):
                     claimed = await store.claim(
                         worker_id=self.id,
                         queues=self.queues,
+                        types=self.types,
                         limit=free,
                         lease=self.options.lease,
                         limits=_limits(

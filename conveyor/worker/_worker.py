@@ -56,6 +56,7 @@ from conveyor.worker._maintenance import (
     ParentFinisher,
     Pruner,
     Rescuer,
+    WorkerForgetter,
     every,
     on_the_clock,
 )
@@ -75,6 +76,9 @@ class Worker(Producer, Executor, Completer):
         self.options = options
         self.id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         self.queues = options.queues or tuple(app.registry.queues())
+        # The only types it claims: during a rolling deploy, a type that only newer code
+        # knows waits for a worker that has its handler, its attempts unspent.
+        self.types = tuple(app.registry.names())
         self.leases = Leases(options.lease)
         self._active = 0
         self._outbox: list[tuple[Run, Settlement]] = []
@@ -117,6 +121,8 @@ class Worker(Producer, Executor, Completer):
                 concurrency=self.options.concurrency,
                 lease=self.options.lease,
                 heartbeat_interval=self.options.lease / 3,
+                types=self.types,
+                forget_after=self.options.forget_after,
             )
         )
         log.info(
@@ -175,6 +181,7 @@ class Worker(Producer, Executor, Completer):
                 options.prune_interval,
                 Pruner(store, self.app.retention(options.retention)),
             ),
+            ("conveyor-forget-workers", options.prune_interval, WorkerForgetter(store)),
         )
         tasks = [
             asyncio.create_task(every(interval, duty, stop), name=name)

@@ -23,6 +23,11 @@ class WorkerOptions:
     rescue_interval: float = 5.0
     cron_interval: float = 1.0
     prune_interval: float = 60.0
+    # Seconds after a worker's last heartbeat when the registry forgets it, dead or
+    # stopped (a duty on the prune interval deletes it; its attempts keep its history).
+    # Health counts a death only inside this window, so a killed worker stops making the
+    # cluster "degraded" once it has passed.
+    forget_after: float = 3600.0
     retention: Retention | None = None  # None: the defaults with the job types' overrides
     burst: bool = False
     # Whether this worker fires due schedule ticks (False: a JobTester's, whose ticks fire
@@ -43,5 +48,11 @@ class WorkerOptions:
         for name in ("poll_interval", "rescue_interval", "cron_interval", "prune_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")
+        if self.forget_after <= self.lease:
+            raise ConfigurationError(
+                f"forget_after ({self.forget_after:g}s) must be longer than the lease "
+                f"({self.lease:g}s): a dead worker stays in the registry at least until "
+                "its leases have expired and its jobs were rescued"
+            )
         if self.queues is not None and not self.queues:
             raise ConfigurationError("queues, when given, must name at least one queue")

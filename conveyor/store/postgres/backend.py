@@ -81,7 +81,6 @@ from conveyor.store.protocol import (
     JobPageQuery,
     Lease,
     Limits,
-    QueueInfo,
     Rescued,
     Submitted,
     WorkerInfo,
@@ -500,14 +499,18 @@ class PostgresStore(ScriptedOps, SharedReads):
         queues: Sequence[str],
         limit: int,
         lease: float,
+        types: Sequence[str] | None = None,
         limits: Limits | None = None,
         on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
         # On a transaction thread, not on the event loop: the claimed jobs reach
         # ``on_claimed`` (a worker's heartbeat) there, however long the loop is blocked.
+        if types is None:  # tests and tools: the types with jobs queued
+            types = [r["type"] for r in await self._fetch("queued_types", {"queues": list(queues)})]
         params = {
             "worker_id": worker_id,
             "queues": list(queues),
+            "types": list(types),
             "limit": limit,
             "lease": float(lease),
             "now": self._now(),
@@ -600,13 +603,9 @@ class PostgresStore(ScriptedOps, SharedReads):
     async def deregister_worker(self, worker_id: str) -> None:
         await self._execute("deregister_worker", {"worker_id": worker_id, "now": self._now()})
 
-    async def workers(self) -> list[WorkerInfo]:
-        return [scripts.worker_info(DIALECT, row) for row in await self._fetch("workers")]
-
-    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
-        if tenant is not None:
-            return scripts.queue_infos(await self._fetch("tenant_queues", {"tenant": tenant}))
-        return scripts.queue_infos(await self._fetch("queues"))
+    async def forget_workers(self, *, limit: int) -> list[str]:
+        rows = await self._fetch("forget_workers", {"limit": limit, "now": self._now()})
+        return [r["id"] for r in rows]
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         params = {"name": queue, "paused": paused, "now": self._now()}

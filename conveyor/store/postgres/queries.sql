@@ -95,13 +95,39 @@ SELECT * FROM conveyor_jobs WHERE id = %(id)s;
 SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
 
 -- name: claim
--- Lease up to %(limit)s due jobs from unpaused queues in claim order: priority, run_at, id.
--- Each queue is read on its own through the partial claim index, which returns rows in
--- claim order, so the cost stays flat with millions of queued rows; a single scan with
--- queue = ANY(...) would sort every due row instead. Rows another worker is claiming
--- are skipped, not waited for. The lease starts at clock_timestamp(), when the rows are
--- written, not at now(), the statement's start: a claim that waited for a table lock
--- longer than the lease would otherwise store a lease that had already expired.
+-- Lease up to %(limit)s due jobs of the worker's types from unpaused queues, in claim
+-- order: priority, run_at, id. Each (queue, type) the worker serves is one range of the
+-- partial claim index, read in claim order, so the cost stays flat with millions of
+-- queued rows and with the backlogs of types the worker lacks (a single scan with
+-- type = ANY(...) would read past them, or sort every due row). First the head of the
+-- claim is found across the ranges without locks; then each range locks as many rows as
+-- it gave the head, skipping rows another worker is claiming and reading on past them:
+-- a worker of many types locks about %(limit)s rows, not %(limit)s per type. The lease
+-- starts at clock_timestamp(), when the rows are written, not at now(), the statement's
+-- start: a claim that waited for a table lock longer than the lease would otherwise
+-- store a lease that had already expired.
+WITH wanted AS (
+    SELECT q.queue, t.type
+    FROM unnest(%(queues)s::text[]) AS q (queue)
+    CROSS JOIN unnest(%(types)s::text[]) AS t (type)
+    WHERE q.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
+), head AS (
+    SELECT wanted.queue, wanted.type
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT priority, run_at, id FROM conveyor_jobs
+        WHERE status = 'queued'
+          AND queue = wanted.queue
+          AND type = wanted.type
+          AND run_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s
+    ) AS due
+    ORDER BY due.priority, due.run_at, due.id
+    LIMIT %(limit)s
+), shares AS (
+    SELECT queue, type, count(*) AS n FROM head GROUP BY queue, type
+)
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
@@ -113,21 +139,34 @@ SET status = 'running',
     cancel_requested = false
 WHERE id = ANY(ARRAY(
     SELECT due.id
-    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    FROM shares
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM conveyor_jobs
+        SELECT id FROM conveyor_jobs
         WHERE status = 'queued'
-          AND queue = wanted.queue
+          AND queue = shares.queue
+          AND type = shares.type
           AND run_at <= coalesce(%(now)s::timestamptz, now())
         ORDER BY priority, run_at, id
-        LIMIT %(limit)s
+        LIMIT shares.n
         FOR UPDATE SKIP LOCKED
     ) AS due
-    WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
-    ORDER BY due.priority, due.run_at, due.id
-    LIMIT %(limit)s
 ))
 RETURNING *;
+
+-- name: queued_types
+-- The types with queued jobs in the given queues, for a claim that names no types (tests
+-- and tools; a worker names its own): a loose scan of conveyor_jobs_claim, one seek per
+-- (queue, type) however many jobs each has queued.
+WITH RECURSIVE t (queue, type) AS (
+    SELECT q.queue, (SELECT min(type) FROM conveyor_jobs
+                     WHERE status = 'queued' AND queue = q.queue)
+    FROM unnest(%(queues)s::text[]) AS q (queue)
+    UNION ALL
+    SELECT t.queue, (SELECT min(j.type) FROM conveyor_jobs AS j
+                     WHERE j.status = 'queued' AND j.queue = t.queue AND j.type > t.type)
+    FROM t WHERE t.type IS NOT NULL
+)
+SELECT DISTINCT type FROM t WHERE type IS NOT NULL;
 
 -- name: heartbeat
 -- Renew a worker's leases, write its buffered progress and record it alive, in one
@@ -390,20 +429,21 @@ WHERE id = %(id)s AND status IN ('running', 'waiting')
 RETURNING *;
 
 -- name: register_worker
--- Record a worker process as started.
+-- Record a worker process as started, with the job types it serves.
 INSERT INTO conveyor_workers (
     id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at,
-    lease_seconds, heartbeat_seconds
+    lease_seconds, heartbeat_seconds, types, forget_seconds
 ) VALUES (
     %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
     coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), NULL,
-    %(lease_seconds)s, %(heartbeat_seconds)s
+    %(lease_seconds)s, %(heartbeat_seconds)s, %(types)s::text[], %(forget_seconds)s
 )
 ON CONFLICT (id) DO UPDATE
 SET hostname = excluded.hostname, pid = excluded.pid, queues = excluded.queues,
     concurrency = excluded.concurrency, started_at = excluded.started_at,
     heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
-    lease_seconds = excluded.lease_seconds, heartbeat_seconds = excluded.heartbeat_seconds;
+    lease_seconds = excluded.lease_seconds, heartbeat_seconds = excluded.heartbeat_seconds,
+    types = excluded.types, forget_seconds = excluded.forget_seconds;
 
 -- name: deregister_worker
 -- Record a worker process as stopped.
@@ -415,6 +455,54 @@ WHERE id = %(worker_id)s;
 SELECT * FROM conveyor_workers
 ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
 LIMIT 200;
+
+-- name: forget_workers
+-- Delete workers silent for longer than their own forget window, dead or stopped (their
+-- attempts keep their history), at most %(limit)s, on no index: the table holds one row
+-- per worker process heard from within the last window.
+DELETE FROM conveyor_workers
+WHERE id IN (
+    SELECT id FROM conveyor_workers
+    WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                         - forget_seconds * interval '1 second'
+    LIMIT %(limit)s
+)
+RETURNING id;
+
+-- name: unserved_types
+-- Queued jobs per type that no live worker serves: no worker heartbeating within its
+-- lease has the job's queue among its queues and its type among its types (NULL types:
+-- a worker from before they were recorded, which claims any type). The (queue, type)
+-- pairs with queued jobs are found by a loose scan of conveyor_jobs_claim, one seek each;
+-- only the jobs of unserved pairs are counted.
+WITH RECURSIVE pairs (queue, type) AS (
+    (SELECT queue, type FROM conveyor_jobs WHERE status = 'queued'
+     ORDER BY queue, type LIMIT 1)
+    UNION ALL
+    SELECT next.queue, next.type
+    FROM pairs
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM conveyor_jobs AS j
+        WHERE j.status = 'queued' AND (j.queue, j.type) > (pairs.queue, pairs.type)
+        ORDER BY j.queue, j.type
+        LIMIT 1
+    ) AS next
+), unserved AS (
+    SELECT queue, type FROM pairs
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_workers AS w
+        WHERE w.stopped_at IS NULL
+          AND w.heartbeat_at >= coalesce(%(now)s::timestamptz, now())
+                                - w.lease_seconds * interval '1 second'
+          AND pairs.queue = ANY(w.queues)
+          AND (w.types IS NULL OR pairs.type = ANY(w.types))
+    )
+)
+SELECT u.type, count(*) AS n
+FROM unserved AS u
+JOIN conveyor_jobs AS j ON j.status = 'queued' AND j.queue = u.queue AND j.type = u.type
+GROUP BY u.type
+ORDER BY u.type;
 
 -- name: queues
 -- Every queue that has jobs or a pause record, with its number of jobs per status.
@@ -880,16 +968,20 @@ SELECT type, coalesce(%(now)s::timestamptz, statement_timestamp())
 FROM unnest(%(types)s::text[]) AS type;
 
 -- name: claim_candidates
--- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit,
--- locked until the claim commits; rows another worker is claiming are skipped.
+-- Due jobs of the given types in claim order, leaving out (type, key) pairs that are at a
+-- limit (types at a limit are left out of %(types)s), locked until the claim commits;
+-- rows another worker is claiming are skipped. Each (queue, type) is one range of the
+-- claim index, read in claim order (see claim). Unlike claim, each range locks up to
+-- %(limit)s rows: the filters here would have to be read twice to share the head out.
 SELECT due.id, due.type, due.concurrency_key, due.tenant
 FROM unnest(%(queues)s::text[]) AS wanted (queue)
+CROSS JOIN unnest(%(types)s::text[]) AS t (type)
 CROSS JOIN LATERAL (
     SELECT id, type, concurrency_key, tenant, priority, run_at FROM conveyor_jobs
     WHERE status = 'queued'
       AND queue = wanted.queue
+      AND type = t.type
       AND run_at <= coalesce(%(now)s::timestamptz, now())
-      AND type <> ALL (%(blocked_types)s::text[])
       AND (concurrency_key IS NULL
            OR type || chr(31) || concurrency_key <> ALL (%(blocked_keys)s::text[]))
       AND id <> ALL (%(taken)s::text[])
@@ -916,9 +1008,10 @@ WITH RECURSIVE t (tenant) AS (
 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT %(limit)s;
 
 -- name: tenant_candidates
--- Each given tenant's first %(limit)s due jobs in claim order, per queue (each one a range
--- of conveyor_jobs_tenant_claim, read in order), locked until the claim commits; rows
--- another worker is claiming are skipped.
+-- Each given tenant's first %(limit)s due jobs of the given types in claim order, per
+-- queue (each one a range of conveyor_jobs_tenant_claim, read in order; a tenant's jobs
+-- of types the worker lacks are read past), locked until the claim commits; rows another
+-- worker is claiming are skipped.
 SELECT due.id, due.type, due.concurrency_key, due.tenant
 FROM unnest(%(tenants)s::text[]) AS t (tenant)
 CROSS JOIN unnest(%(queues)s::text[]) AS wanted (queue)
@@ -927,6 +1020,7 @@ CROSS JOIN LATERAL (
     WHERE status = 'queued'
       AND tenant = t.tenant
       AND queue = wanted.queue
+      AND type = ANY(%(types)s::text[])
       AND run_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
@@ -1231,7 +1325,11 @@ SELECT
     (SELECT count(*) FROM conveyor_workers
      WHERE stopped_at IS NULL
        AND heartbeat_at < coalesce(%(now)s::timestamptz, now())
-                          - lease_seconds * interval '1 second') AS dead_workers;
+                          - lease_seconds * interval '1 second'
+       -- A death older than the worker's forget window no longer counts, even before
+       -- the duty that forgets it has run.
+       AND heartbeat_at >= coalesce(%(now)s::timestamptz, now())
+                           - forget_seconds * interval '1 second') AS dead_workers;
 
 -- name: create_token
 -- Store a new API token.

@@ -9,7 +9,6 @@ claim, heartbeat and the batched settle.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import sqlite3
 import time
@@ -34,7 +33,6 @@ from conveyor.store.protocol import (
     JobPageQuery,
     Lease,
     Limits,
-    QueueInfo,
     Rescued,
     Submitted,
     WorkerInfo,
@@ -65,31 +63,6 @@ def _one(cursor: sqlite3.Cursor) -> Any:
     """Return the first row and step the statement to its end, so no statement stays open."""
     rows = cursor.fetchall()
     return rows[0] if rows else None
-
-
-# Workers on up to this many queues claim through _claim_over; more take the claim that
-# sorts every queued job of their queues.
-_UNION_MAX = 16
-
-
-@functools.lru_cache(maxsize=_UNION_MAX)
-def _claim_over(queues: int) -> str:
-    """The claim over ``queues`` queues (named :q0, :q1, ...): each queue's first :limit
-    due jobs, a range of conveyor_jobs_claim read in claim order as ``claim_one_queue``
-    reads it, then the first :limit of those. ``claim``, with ``queue IN (...)``, reads
-    and sorts every queued job of the queues instead."""
-    head = _Q["claim_one_queue"].partition("WHERE id IN (")[0]
-    ranges = " UNION ALL ".join(
-        f"SELECT * FROM (SELECT id, priority, run_at FROM conveyor_jobs "
-        f"WHERE status = 'queued' AND queue = :q{n} AND run_at <= :now "
-        f"AND NOT EXISTS (SELECT 1 FROM conveyor_queues WHERE name = :q{n} AND paused = 1) "
-        f"ORDER BY priority, run_at, id LIMIT :limit)"
-        for n in range(queues)
-    )
-    return (
-        f"{head}WHERE id IN (SELECT id FROM ({ranges}) "
-        "ORDER BY priority, run_at, id LIMIT :limit) RETURNING *"
-    )
 
 
 def _end_attempts(conn: sqlite3.Connection, decided: Iterable[Settlement], now: float) -> list[Any]:
@@ -349,6 +322,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
         queues: Sequence[str],
         limit: int,
         lease: float,
+        types: Sequence[str] | None = None,
         limits: Limits | None = None,
         on_claimed: Callable[[Sequence[Job]], None] | None = None,
     ) -> list[Job]:
@@ -361,25 +335,26 @@ class SQLiteStore(ScriptedOps, SharedReads):
         }
 
         def claim(conn: sqlite3.Connection) -> list[Job]:
+            wanted = types
+            if wanted is None:
+                rows = conn.execute(_Q["queued_types"], {"queues": params["queues"]})
+                wanted = [r[0] for r in rows.fetchall()]
             # Fairness across tenants: a look, at most once a second, at whether two or
             # more tenants have jobs queued (store/_fairness.py).
             if self._tenant_mix.stale():
                 self._tenant_mix.saw(conn.execute(_Q["queued_tenants"], {"limit": 2}).fetchall())
             if limits or self._tenant_mix.mixed:
                 script = scripts.claim_limited(
-                    params, limits or Limits(), fair=self._tenant_mix.mixed
+                    params | {"types": list(wanted)},
+                    limits or Limits(),
+                    fair=self._tenant_mix.mixed,
                 )
                 return [job_of_row(r) for r in self._drive(conn, script)]
             # The lease starts now that this transaction holds the write lock: a time read
             # before waiting for it would store a lease that may already have expired.
             now = self._clock()
-            if len(names) == 1:
-                one = params | {"queue": names[0], "now": now}
-                return jobs_of(conn.execute(_Q["claim_one_queue"], one))
-            if len(names) <= _UNION_MAX:
-                each = {f"q{n}": name for n, name in enumerate(names)}
-                return jobs_of(conn.execute(_claim_over(len(names)), params | each | {"now": now}))
-            return jobs_of(conn.execute(_Q["claim"], params | {"now": now}))
+            each = {"types": json.dumps(list(wanted)), "now": now}
+            return jobs_of(conn.execute(_Q["claim"], params | each))
 
         return await self._write(claim, on_claimed)
 
@@ -505,13 +480,12 @@ class SQLiteStore(ScriptedOps, SharedReads):
         params = {"worker_id": worker_id, "now": self._clock()}
         await self._write(lambda conn: conn.execute(_Q["deregister_worker"], params))
 
-    async def workers(self) -> list[WorkerInfo]:
-        return [scripts.worker_info(DIALECT, r) for r in await self._fetch("workers")]
+    async def forget_workers(self, *, limit: int) -> list[str]:
+        def forget(conn: sqlite3.Connection) -> list[str]:
+            params = {"limit": limit, "now": self._clock()}
+            return [r[0] for r in conn.execute(_Q["forget_workers"], params).fetchall()]
 
-    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
-        if tenant is not None:
-            return scripts.queue_infos(await self._fetch("tenant_queues", {"tenant": tenant}))
-        return scripts.queue_infos(await self._fetch("queues"))
+        return await self._write(forget)
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         params = {"name": queue, "paused": int(paused), "now": self._clock()}

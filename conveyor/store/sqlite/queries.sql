@@ -76,7 +76,11 @@ WHERE unique_key = :unique_key AND coalesce(tenant, '') = coalesce(:tenant, '')
 SELECT * FROM conveyor_attempts WHERE job_id = :job_id ORDER BY number;
 
 -- name: claim
--- Lease up to :limit due jobs from unpaused queues in claim order: priority, run_at, id.
+-- Lease up to :limit due jobs of the worker's types from unpaused queues, in claim order:
+-- priority, run_at, id. Each (queue, type) the worker serves is one range of
+-- conveyor_jobs_claim (queue, type, priority, run_at, id), read in claim order and
+-- stopped after :limit due jobs; the first :limit of those are leased. The cost stays
+-- flat with a deep backlog, and with the backlogs of types the worker lacks.
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
@@ -86,41 +90,36 @@ SET status = 'running',
     started_at = :now,
     cancel_requested = 0
 WHERE id IN (
-    SELECT id FROM conveyor_jobs
-    WHERE status = 'queued'
-      AND queue IN (SELECT value FROM json_each(:queues))
-      AND run_at <= :now
-      AND queue NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
-    ORDER BY priority, run_at, id
+    SELECT j.id
+    FROM json_each(:queues) AS q
+    CROSS JOIN json_each(:types) AS t
+    JOIN conveyor_jobs AS j ON j.id IN (
+        SELECT c.id FROM conveyor_jobs AS c INDEXED BY conveyor_jobs_claim
+        WHERE c.status = 'queued' AND c.queue = q.value AND c.type = t.value
+          AND c.run_at <= :now
+        ORDER BY c.priority, c.run_at, c.id
+        LIMIT :limit
+    )
+    WHERE q.value NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
+    ORDER BY j.priority, j.run_at, j.id
     LIMIT :limit
 )
 RETURNING *;
 
--- name: claim_one_queue
--- The claim of a worker on one queue. With the queue fixed, conveyor_jobs_claim (queue,
--- priority, run_at, id) yields its queued jobs in claim order: the scan stops after
--- :limit due ones. The claim above, over a list of queues, reads every queued job of
--- them and sorts them to take the first :limit (a backlog of 10,000 jobs: 10,000 index
--- entries read for each claim of 100); workers on a few queues claim through a UNION
--- ALL of this statement's range, one per queue (backend.py, _claim_over).
-UPDATE conveyor_jobs
-SET status = 'running',
-    attempt = attempt + 1,
-    lease_token = lease_token + 1,
-    lease_owner = :worker_id,
-    lease_expires_at = :now + coalesce(lease_seconds, :lease),
-    started_at = :now,
-    cancel_requested = 0
-WHERE id IN (
-    SELECT id FROM conveyor_jobs
-    WHERE status = 'queued'
-      AND queue = :queue
-      AND run_at <= :now
-      AND NOT EXISTS (SELECT 1 FROM conveyor_queues WHERE name = :queue AND paused = 1)
-    ORDER BY priority, run_at, id
-    LIMIT :limit
+-- name: queued_types
+-- The types with queued jobs in the given queues, for a claim that names no types (tests
+-- and tools; a worker names its own): a loose scan of conveyor_jobs_claim, one seek per
+-- (queue, type) however many jobs each has queued.
+WITH RECURSIVE t (queue, type) AS (
+    SELECT q.value, (SELECT min(type) FROM conveyor_jobs INDEXED BY conveyor_jobs_claim
+                     WHERE status = 'queued' AND queue = q.value)
+    FROM json_each(:queues) AS q
+    UNION ALL
+    SELECT t.queue, (SELECT min(j.type) FROM conveyor_jobs AS j INDEXED BY conveyor_jobs_claim
+                     WHERE j.status = 'queued' AND j.queue = t.queue AND j.type > t.type)
+    FROM t WHERE t.type IS NOT NULL
 )
-RETURNING *;
+SELECT DISTINCT type FROM t WHERE type IS NOT NULL;
 
 -- name: renew_leases
 -- Extend every lease a worker still holds (id and token in :leases, a JSON array of pairs).
@@ -254,13 +253,13 @@ WHERE id = :id AND status IN ('running', 'waiting')
 RETURNING *;
 
 -- name: register_worker
--- Record a worker process as started.
+-- Record a worker process as started, with the job types it serves.
 INSERT OR REPLACE INTO conveyor_workers (
     id, hostname, pid, queues, concurrency, started_at, heartbeat_at, stopped_at,
-    lease_seconds, heartbeat_seconds
+    lease_seconds, heartbeat_seconds, types, forget_seconds
 ) VALUES (
     :id, :hostname, :pid, :queues, :concurrency, :now, :now, NULL,
-    :lease_seconds, :heartbeat_seconds
+    :lease_seconds, :heartbeat_seconds, :types, :forget_seconds
 );
 
 -- name: deregister_worker
@@ -272,6 +271,32 @@ UPDATE conveyor_workers SET stopped_at = :now WHERE id = :worker_id;
 SELECT * FROM conveyor_workers
 ORDER BY stopped_at IS NOT NULL, heartbeat_at DESC
 LIMIT 200;
+
+-- name: forget_workers
+-- Delete workers silent for longer than their own forget window, dead or stopped (their
+-- attempts keep their history), at most :limit.
+DELETE FROM conveyor_workers
+WHERE id IN (
+    SELECT id FROM conveyor_workers WHERE heartbeat_at < :now - forget_seconds LIMIT :limit
+)
+RETURNING id;
+
+-- name: unserved_types
+-- Queued jobs per type that no live worker serves: no worker heartbeating within its
+-- lease has the job's queue among its queues and its type among its types (NULL types:
+-- a worker from before they were recorded, which claims any type). The queued jobs are
+-- counted per (queue, type) on conveyor_jobs_claim alone, without the table.
+SELECT c.type, sum(c.n) AS n
+FROM (SELECT queue, type, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_claim
+      WHERE status = 'queued' GROUP BY queue, type) AS c
+WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_workers AS w
+    WHERE w.stopped_at IS NULL AND w.heartbeat_at >= :now - w.lease_seconds
+      AND c.queue IN (SELECT value FROM json_each(w.queues))
+      AND (w.types IS NULL OR c.type IN (SELECT value FROM json_each(w.types)))
+)
+GROUP BY c.type
+ORDER BY c.type;
 
 -- name: queues
 -- Every queue that has jobs or a pause record, with its number of jobs per status.
@@ -509,17 +534,25 @@ WHERE p.status = 'waiting' AND c.pending + c.active + c.waiting = 0
 LIMIT :limit;
 
 -- name: claim_candidates
--- Due jobs in claim order, leaving out types and (type, key) pairs that are at a limit.
-SELECT id, type, concurrency_key, tenant FROM conveyor_jobs
-WHERE status = 'queued'
-  AND queue IN (SELECT value FROM json_each(:queues))
-  AND run_at <= :now
-  AND queue NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
-  AND type NOT IN (SELECT value FROM json_each(:blocked_types))
-  AND (concurrency_key IS NULL
-       OR type || char(31) || concurrency_key NOT IN (SELECT value FROM json_each(:blocked_keys)))
-  AND id NOT IN (SELECT value FROM json_each(:taken))
-ORDER BY priority, run_at, id
+-- Due jobs of the given types in claim order (types at a limit are left out of :types),
+-- leaving out (type, key) pairs that are at a limit; each (queue, type) is one range of
+-- conveyor_jobs_claim, read in claim order (see claim).
+SELECT j.id, j.type, j.concurrency_key, j.tenant
+FROM json_each(:queues) AS q
+CROSS JOIN json_each(:types) AS t
+JOIN conveyor_jobs AS j ON j.id IN (
+    SELECT c.id FROM conveyor_jobs AS c INDEXED BY conveyor_jobs_claim
+    WHERE c.status = 'queued' AND c.queue = q.value AND c.type = t.value
+      AND c.run_at <= :now
+      AND (c.concurrency_key IS NULL
+           OR c.type || char(31) || c.concurrency_key
+              NOT IN (SELECT value FROM json_each(:blocked_keys)))
+      AND c.id NOT IN (SELECT value FROM json_each(:taken))
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT :limit
+)
+WHERE q.value NOT IN (SELECT name FROM conveyor_queues WHERE paused = 1)
+ORDER BY j.priority, j.run_at, j.id
 LIMIT :limit;
 
 -- name: queued_tenants
@@ -537,14 +570,16 @@ WITH RECURSIVE t (tenant) AS (
 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT :limit;
 
 -- name: tenant_candidates
--- Each given tenant's first :limit due jobs in claim order, per queue (each one a range of
--- conveyor_jobs_tenant_claim, read in order).
+-- Each given tenant's first :limit due jobs of the given types in claim order, per queue
+-- (each one a range of conveyor_jobs_tenant_claim, read in order; a tenant's jobs of
+-- types the worker lacks are read past).
 SELECT j.id, j.type, j.concurrency_key, j.tenant
 FROM json_each(:tenants) AS t
 CROSS JOIN json_each(:queues) AS q
 JOIN conveyor_jobs AS j ON j.id IN (
     SELECT c.id FROM conveyor_jobs AS c INDEXED BY conveyor_jobs_tenant_claim
     WHERE c.status = 'queued' AND c.tenant = t.value AND c.queue = q.value
+      AND c.type IN (SELECT value FROM json_each(:types))
       AND c.run_at <= :now
     ORDER BY c.priority, c.run_at, c.id
     LIMIT :limit
@@ -839,8 +874,11 @@ SELECT
      WHERE stopped_at IS NULL AND heartbeat_at >= :now - lease_seconds) AS live_workers,
     (SELECT max(heartbeat_at) FROM conveyor_workers) AS last_heartbeat,
     :now AS now,
+    -- A death older than the worker's forget window no longer counts, even before the
+    -- duty that forgets it has run.
     (SELECT count(*) FROM conveyor_workers
-     WHERE stopped_at IS NULL AND heartbeat_at < :now - lease_seconds) AS dead_workers;
+     WHERE stopped_at IS NULL AND heartbeat_at < :now - lease_seconds
+       AND heartbeat_at >= :now - forget_seconds) AS dead_workers;
 
 -- name: create_token
 -- Store a new API token.

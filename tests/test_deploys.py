@@ -1,0 +1,81 @@
+"""Rolling deploys and the worker registry, with real worker processes on both backends.
+
+During a deploy old and new workers run side by side: a worker claims only the job types
+it has handlers for, so a type only the new release knows waits, its attempts unspent,
+for a worker that can run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from conveyor import Conveyor, JobHandle, Status, Submission
+from tests.processes import FAST, WorkerProcesses, wait_exit
+
+pytestmark = pytest.mark.processes
+
+OLD = "tests.apps.deploys:old"
+NEW = "tests.apps.deploys:new"
+
+
+@pytest.fixture
+async def release(db_url: str) -> AsyncIterator[Conveyor]:
+    """The new release's application, on the test's migrated database."""
+    from tests.apps import deploys
+
+    application = deploys.new
+    application.url = db_url
+    await application.migrate()
+    yield application
+    await application.close()
+
+
+async def _wait_done(jobs: list[JobHandle], timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        for job in jobs:
+            await job.wait()
+
+
+async def test_an_old_worker_never_spends_an_attempt_of_a_type_it_lacks(
+    release: Conveyor, workers: WorkerProcesses
+) -> None:
+    old = workers.start(*FAST, app=OLD)
+    new = workers.start(*FAST, app=NEW)
+    await workers.wait_registered()
+    reports = await release.submit_many([Submission("build_report", {"n": i}) for i in range(20)])
+    emails = await release.submit_many([Submission("send_email", {"n": i}) for i in range(20)])
+    await _wait_done([*reports, *emails])
+    runs = workers.records()
+    by_job = {r.job_id: r for r in runs}
+    for job in reports:
+        await job.refresh()
+        assert (job.status, job.attempt) == (Status.SUCCEEDED, 1), job.error
+        assert by_job[job.id].pid == new.pid
+        (attempt,) = await job.attempts()
+        assert str(new.pid) in (attempt.worker_id or "")
+    assert all(r.pid in (old.pid, new.pid) for r in runs)
+
+    # The new worker leaves; the old one stays up. New-type jobs submitted now wait with
+    # their attempts unspent, while the old worker keeps running the types it knows.
+    new.send_signal(signal.SIGTERM)
+    assert await wait_exit(new, 30) == 0
+    waiting = await release.submit_many([Submission("build_report", {"n": i}) for i in range(5)])
+    later = await release.submit_many([Submission("send_email", {"n": i}) for i in range(5)])
+    await _wait_done(later)  # claimed after the reports were due
+    for job in waiting:
+        await job.refresh()
+        assert (job.status, job.attempt) == (Status.QUEUED, 0)
+        assert await job.attempts() == []
+    assert "no handler for job type" not in workers.log(0)
+
+    # The new release's worker comes back and runs them, first attempt each.
+    back = workers.start(*FAST, app=NEW)
+    await _wait_done(waiting)
+    for job in waiting:
+        await job.refresh()
+        assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
+    assert {r.pid for r in workers.records() if r.job_id in {j.id for j in waiting}} == {back.pid}
