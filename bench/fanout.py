@@ -60,7 +60,9 @@ async def _make_tree(url: str, children: int) -> None:
         store = await app.store()
         (job,) = app.prepare([_submission("roots")])
         await store.submit([replace(job, id=ROOT)])
-        (root,) = await store.claim(worker_id="bench", queues=["roots"], limit=1, lease=600)
+        (root,) = await store.claim(
+            worker_id="bench", queues=["roots"], types=app.registry.names(), limit=1, lease=600
+        )
         noop = app.prepare([_submission("default")])[0]
         batch = [replace(noop, id=f"{ROOT}.{n}") for n in range(children)]
         if await store.spawn(Lease(ROOT, root.lease_token), batch) is None:

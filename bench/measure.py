@@ -643,7 +643,11 @@ async def _time_claims(url: str, rounds: int, batch: int) -> _Claims:
             for limit, times in ((1, one), (batch, many)):
                 start = time.perf_counter()
                 claimed = await store.claim(
-                    worker_id="bench-claimer", queues=["default"], limit=limit, lease=30.0
+                    worker_id="bench-claimer",
+                    queues=["default"],
+                    types=app.registry.names(),
+                    limit=limit,
+                    lease=30.0,
                 )
                 times.append((time.perf_counter() - start) * 1000)
                 if len(claimed) != limit:

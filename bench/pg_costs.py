@@ -206,7 +206,13 @@ async def drain_store(url: str, variant: str, backlog: int) -> str:
     try:
         while True:
             before = cpu_seconds(pids)
-            jobs = await store.claim(worker_id="w", queues=["default"], limit=BATCH, lease=60)
+            jobs = await store.claim(
+                worker_id="w",
+                queues=["default"],
+                types=app.registry.names(),
+                limit=BATCH,
+                lease=60,
+            )
             middle = cpu_seconds(pids)
             meter.claim += middle - before
             if not jobs:
