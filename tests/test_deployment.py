@@ -36,7 +36,7 @@ def parse_command(line: str) -> click.Context:
     argv = shlex.split(line)
     assert Path(argv[0]).name == "conveyor", f"{argv[0]} is not the conveyor script"
     (script,) = entry_points(group="console_scripts", name="conveyor")
-    group = script.load()
+    group: click.Group = script.load()
     parent = click.Context(group, info_name="conveyor")
     command = group.get_command(parent, argv[1])
     assert command is not None, f"conveyor has no command {argv[1]!r}"
