@@ -252,11 +252,17 @@ def test_a_limited_claim_leaves_out_a_type_at_its_cluster_limit() -> None:
             "claim_ids": [[{"id": "b1"}]],
         }
     )
-    params = {"worker_id": "w", "queues": ["default"], "limit": 5, "lease": 30.0}
+    params = {
+        "worker_id": "w",
+        "queues": ["default"],
+        "types": ["a", "b"],
+        "limit": 5,
+        "lease": 30.0,
+    }
     claimed = scripts.drive(scripts.claim_limited(params, Limits(cluster={"a": 2})), db)
     assert claimed == [{"id": "b1"}]
     (candidates_asked,) = db.params("claim_candidates")
-    assert candidates_asked["blocked_types"] == ["a"]  # at its limit: left out by the query
+    assert candidates_asked["types"] == ["b"]  # at its limit: left out of the claim's ranges
     assert db.params("claim_ids")[0]["ids"] == ["b1"]
 
 

@@ -96,38 +96,16 @@ SELECT * FROM conveyor_attempts WHERE job_id = %(job_id)s ORDER BY number;
 
 -- name: claim
 -- Lease up to %(limit)s due jobs of the worker's types from unpaused queues, in claim
--- order: priority, run_at, id. Each (queue, type) the worker serves is one range of the
--- partial claim index, read in claim order, so the cost stays flat with millions of
--- queued rows and with the backlogs of types the worker lacks (a single scan with
--- type = ANY(...) would read past them, or sort every due row). First the head of the
--- claim is found across the ranges without locks; then each range locks as many rows as
--- it gave the head, skipping rows another worker is claiming and reading on past them:
--- a worker of many types locks about %(limit)s rows, not %(limit)s per type. The lease
--- starts at clock_timestamp(), when the rows are written, not at now(), the statement's
--- start: a claim that waited for a table lock longer than the lease would otherwise
--- store a lease that had already expired.
-WITH wanted AS (
-    SELECT q.queue, t.type
-    FROM unnest(%(queues)s::text[]) AS q (queue)
-    CROSS JOIN unnest(%(types)s::text[]) AS t (type)
-    WHERE q.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
-), head AS (
-    SELECT wanted.queue, wanted.type
-    FROM wanted
-    CROSS JOIN LATERAL (
-        SELECT priority, run_at, id FROM conveyor_jobs
-        WHERE status = 'queued'
-          AND queue = wanted.queue
-          AND type = wanted.type
-          AND run_at <= coalesce(%(now)s::timestamptz, now())
-        ORDER BY priority, run_at, id
-        LIMIT %(limit)s
-    ) AS due
-    ORDER BY due.priority, due.run_at, due.id
-    LIMIT %(limit)s
-), shares AS (
-    SELECT queue, type, count(*) AS n FROM head GROUP BY queue, type
-)
+-- order: priority, run_at, id. Each (queue, type) the worker serves is read on its own
+-- through the partial claim index, one range in claim order, so the cost stays flat with
+-- millions of queued rows and with the backlogs of types the worker lacks; a single scan
+-- with type = ANY(...) would read past them, or sort every due row. Rows another worker
+-- is claiming are skipped, not waited for. Each range locks up to %(limit)s rows until
+-- the statement ends, though only %(limit)s in all are leased: finding the head across
+-- the ranges first, without locks, read each range twice and cost more than the locks.
+-- The lease starts at clock_timestamp(), when the rows are written, not at now(), the
+-- statement's start: a claim that waited for a table lock longer than the lease would
+-- otherwise store a lease that had already expired.
 UPDATE conveyor_jobs
 SET status = 'running',
     attempt = attempt + 1,
@@ -139,17 +117,21 @@ SET status = 'running',
     cancel_requested = false
 WHERE id = ANY(ARRAY(
     SELECT due.id
-    FROM shares
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN unnest(%(types)s::text[]) AS t (type)
     CROSS JOIN LATERAL (
-        SELECT id FROM conveyor_jobs
+        SELECT id, priority, run_at FROM conveyor_jobs
         WHERE status = 'queued'
-          AND queue = shares.queue
-          AND type = shares.type
+          AND queue = wanted.queue
+          AND type = t.type
           AND run_at <= coalesce(%(now)s::timestamptz, now())
         ORDER BY priority, run_at, id
-        LIMIT shares.n
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS due
+    WHERE wanted.queue NOT IN (SELECT name FROM conveyor_queues WHERE paused)
+    ORDER BY due.priority, due.run_at, due.id
+    LIMIT %(limit)s
 ))
 RETURNING *;
 
@@ -971,8 +953,7 @@ FROM unnest(%(types)s::text[]) AS type;
 -- Due jobs of the given types in claim order, leaving out (type, key) pairs that are at a
 -- limit (types at a limit are left out of %(types)s), locked until the claim commits;
 -- rows another worker is claiming are skipped. Each (queue, type) is one range of the
--- claim index, read in claim order (see claim). Unlike claim, each range locks up to
--- %(limit)s rows: the filters here would have to be read twice to share the head out.
+-- claim index, read in claim order, locking up to %(limit)s rows (see claim).
 SELECT due.id, due.type, due.concurrency_key, due.tenant
 FROM unnest(%(queues)s::text[]) AS wanted (queue)
 CROSS JOIN unnest(%(types)s::text[]) AS t (type)
