@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from conveyor.app.tenants import TenantLimits
     from conveyor.core.auth import Principal, Role, Token
     from conveyor.core.cron import Schedule
+    from conveyor.core.filter import JobFilter
     from conveyor.core.flow import TenantLimit
     from conveyor.core.lifecycle import Status
     from conveyor.core.model import Attempt, NewJob, Outcome, Progress, TreeCounts
@@ -80,6 +81,7 @@ _EXPORTS = {
     "Role": "conveyor.core.auth",
     "Token": "conveyor.core.auth",
     "Schedule": "conveyor.core.cron",
+    "JobFilter": "conveyor.core.filter",
     "TenantLimit": "conveyor.core.flow",
     "Status": "conveyor.core.lifecycle",
     "Attempt": "conveyor.core.model",
@@ -159,6 +161,7 @@ __all__ = [
     "JobContext",
     "JobDefinition",
     "JobEvent",
+    "JobFilter",
     "JobHandle",
     "JobLogger",
     "JobNotFound",

@@ -19,6 +19,7 @@ import pytest
 
 from conveyor import Conveyor
 from conveyor.cli._remote import RemoteClient
+from conveyor.core.filter import JobFilter
 from conveyor.errors import ConfigurationError, InvalidPayload
 from conveyor.web import ApiOptions, create_api
 from tests.apiserver import api_for_tests, serving
@@ -356,5 +357,5 @@ async def test_pages_stop_at_the_byte_limit_and_clients_follow_them(app: Conveyo
     with serving(served, create_api(served, options=options)) as server:
         secret = read["Authorization"].split()[1]
         async with RemoteClient(server.base_url, secret) as remote:
-            jobs = await remote.list_jobs(limit=7)
+            jobs = await remote.list_jobs(JobFilter.of(), limit=7)
     assert len(jobs) == 7 and [j.id for j in jobs] == seen[:7]

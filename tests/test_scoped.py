@@ -10,6 +10,7 @@ from conveyor import Conveyor, IdempotencyConflict, InvalidState, JobContext, Jo
 from conveyor.app.handles import Submission
 from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Principal, Role
+from conveyor.core.filter import JobFilter
 from conveyor.core.model import NewJob
 from conveyor.errors import Forbidden, InvalidDependency
 
@@ -102,14 +103,22 @@ async def test_pages_hold_the_tenants_top_level_jobs_unless_asked(typed: Conveyo
     await (await typed.store()).submit([child])
     await view(typed, "globex").submit([add(id="elsewhere")])
     acme = view(typed, "acme")
-    assert [h.id for h in (await acme.page()).jobs] == ["parent"]
-    assert {h.id for h in (await acme.page(include_children=True)).jobs} == {"parent", "child"}
+    assert [h.id for h in (await acme.page(JobFilter.of())).jobs] == ["parent"]
+    assert {h.id for h in (await acme.page(JobFilter.of(include_children=True))).jobs} == {
+        "parent",
+        "child",
+    }
     assert [h.id for h in (await acme.children(parent.id)).jobs] == ["child"]
     with pytest.raises(Forbidden, match="sees only tenant 'acme'"):
-        await acme.page(tenant="globex")
+        await acme.page(JobFilter.of(tenant="globex"))
     admin = view(typed, "root", Role.ADMIN)
-    assert {h.id for h in (await admin.page()).jobs} == {"acme/parent", "globex/elsewhere"}
-    assert [h.id for h in (await admin.page(tenant="globex")).jobs] == ["globex/elsewhere"]
+    assert {h.id for h in (await admin.page(JobFilter.of())).jobs} == {
+        "acme/parent",
+        "globex/elsewhere",
+    }
+    assert [h.id for h in (await admin.page(JobFilter.of(tenant="globex"))).jobs] == [
+        "globex/elsewhere"
+    ]
 
 
 async def test_only_unfinished_jobs_cancel_and_only_ended_ones_retry(typed: Conveyor) -> None:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from conveyor.app.handles import JobHandle, JobSource
 from conveyor.app.registry import Registry
+from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
 from conveyor.core.retry import retry_limit_note
@@ -130,7 +131,7 @@ class Trees:
     async def tree(self, root_id: str, *, limit: int = 10_000) -> list[JobHandle]:
         """A job and every job below it (``root_id`` links them): the root first."""
         root = await self.app.get(root_id)
-        query = JobPageQuery(root_id=root_id, newest_first=False, limit=limit)
+        query = JobPageQuery(JobFilter(root_id=root_id), newest_first=False, limit=limit)
         below = await (await self.app.store()).page_jobs(query)
         return [root, *sorted((JobHandle(self.app, j) for j in below), key=lambda h: h.id)]
 

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app import blocking
 from conveyor.app._submit import check_acyclic, new_job, payloads_by_type
@@ -57,11 +57,11 @@ from conveyor.app.tenants import TenantLimits
 from conveyor.core.auth import Principal, Role, Token
 from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
+from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
 from conveyor.core.health import assess, explain
 from conveyor.core.ids import new_id, qualify
-from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, NewJob, as_utc
+from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
@@ -394,48 +394,38 @@ class Conveyor:
 
     async def page_jobs(
         self,
+        filter: JobFilter | None = None,
         *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        include_children: bool = False,
-        top_level: bool | None = None,
         newest_first: bool = True,
         cursor: str | None = None,
         limit: int = 50,
+        **keywords: Unpack[FilterKeywords],
     ) -> JobPage:
         """Return one page of jobs in creation order and the cursor of the next page.
 
+        Which jobs: a :class:`~conveyor.JobFilter`, or its keywords (``status``, ``type``,
+        ``queue``, ``tenant``, ``parent_id``, ``root_id``, ``created_after``,
+        ``created_before``, ``include_children``, ``top_level``). Top-level jobs only,
+        unless ``include_children`` or a ``parent_id``/``root_id`` asks for jobs spawned
+        by others (``top_level`` decides it explicitly).
+
         Pages are keyset-paginated on ``(created_at, id)``: pass the page's ``next`` as
         ``cursor`` (with the same filters) for the following page; ``next`` is None on
-        the last page. Top-level jobs only, unless ``include_children`` or a
-        ``parent_id``/``root_id`` asks for jobs spawned by others (``top_level`` decides
-        it explicitly).
+        the last page.
         """
-        if top_level is None:
-            top_level = not (include_children or parent_id or root_id)
-        try:
-            statuses = tuple(Status(s) for s in status)
-        except ValueError as exc:
-            known = ", ".join(s.value for s in Status)
-            raise ConfigurationError(f"{exc}; known statuses: {known}") from None
+        if filter is None:
+            try:
+                filter = JobFilter.of(**keywords)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+        elif keywords:
+            raise ConfigurationError(
+                f"pass a JobFilter or filter keywords, not both (got {sorted(keywords)})"
+            )
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise ConfigurationError(f"limit must be between 1 and 1000, not {limit!r}")
         query = JobPageQuery(
-            status=statuses,
-            type=type,
-            queue=queue,
-            tenant=tenant,
-            parent_id=parent_id,
-            root_id=root_id,
-            created_after=as_utc(created_after) if created_after else None,
-            created_before=as_utc(created_before) if created_before else None,
-            top_level=top_level,
+            filter=filter,
             newest_first=newest_first,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,
@@ -448,22 +438,14 @@ class Conveyor:
 
     async def list_jobs(
         self,
+        filter: JobFilter | None = None,
         *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        include_children: bool = False,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        top_level: bool | None = None,
         limit: int = 50,
+        **keywords: Unpack[FilterKeywords],
     ) -> list[JobHandle]:
         """Return jobs, newest first: the first page of :meth:`page_jobs` (top-level jobs
         unless ``include_children``, or the children of a parent or the tree of a root)."""
-        page = await self.page_jobs(
-            status=status, type=type, queue=queue, parent_id=parent_id, root_id=root_id,
-            include_children=include_children, top_level=top_level, limit=limit,
-        )  # fmt: skip
+        page = await self.page_jobs(filter, limit=limit, **keywords)
         return page.jobs
 
     async def attempts(self, job_id: str) -> list[Attempt]:

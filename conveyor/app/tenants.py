@@ -39,13 +39,14 @@ import re
 import secrets
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from conveyor.app.handles import JobHandle, JobPage, Submission
 from conveyor.core.auth import Principal, Role, check_tenant
+from conveyor.core.filter import JobFilter
 from conveyor.core.flow import TenantLimit, parse_rate, parse_tenant_limit
 from conveyor.core.ids import SEPARATOR, local, qualify
 from conveyor.core.lifecycle import Status
@@ -74,6 +75,14 @@ if TYPE_CHECKING:
     from conveyor.app.client import Conveyor
 
 BULK_LIMIT = 10_000  # the most jobs one bulk action or count reaches
+
+
+def _parsed(filters: Mapping[str, Any]) -> JobFilter:
+    """The filter of a bulk action's fields (the keywords of :meth:`JobFilter.of`)."""
+    try:
+        return JobFilter.of(**filters)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def keyed_id(tenant: str, key: str, index: int | None) -> str:
@@ -283,77 +292,41 @@ class TenantView:
 
     async def page(
         self,
+        filter: JobFilter,
         *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        include_children: bool = False,
         newest_first: bool = True,
         cursor: str | None = None,
         limit: int = 50,
     ) -> JobPage:
         """One page of visible jobs (see :meth:`Conveyor.page_jobs`).
 
-        Top-level jobs only, unless ``include_children`` or a ``parent_id``/``root_id``
-        asks for a tree. ``tenant`` narrows an admin's view to one tenant; anyone else may
-        only name their own.
+        ``filter.tenant`` narrows an admin's view to one tenant; anyone else may only name
+        their own. Its ``parent_id`` and ``root_id`` are ids as the principal names them.
         """
         found = await self._page_stored(
-            status=status,
-            type=type,
-            queue=queue,
-            tenant=tenant,
-            parent_id=None if parent_id is None else self._filter_id(parent_id),
-            root_id=None if root_id is None else self._filter_id(root_id),
-            created_after=created_after,
-            created_before=created_before,
-            include_children=include_children,
-            newest_first=newest_first,
-            cursor=cursor,
-            limit=limit,
+            self._stored(filter), newest_first=newest_first, cursor=cursor, limit=limit
         )
         return self._shown_page(found)
 
     async def _page_stored(
         self,
+        filter: JobFilter,
         *,
-        status: Iterable[Status | str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        include_children: bool = False,
         newest_first: bool = True,
         cursor: str | None = None,
         limit: int = 50,
     ) -> JobPage:
         """:meth:`page` with stored ids, in and out."""
         await self._know_workers()
+        tenant = filter.tenant
         if tenant is not None and not self.principal.is_admin and tenant != self.principal.tenant:
             raise Forbidden(
                 f"this token sees only tenant {self.principal.tenant!r}'s jobs; leave out tenant"
             )
+        if not self.principal.is_admin:
+            filter = replace(filter, tenant=self.principal.tenant)
         return await self.app.page_jobs(
-            status=status,
-            type=type,
-            queue=queue,
-            tenant=tenant if self.principal.is_admin else self.principal.tenant,
-            parent_id=parent_id,
-            root_id=root_id,
-            created_after=created_after,
-            created_before=created_before,
-            top_level=not (include_children or parent_id or root_id),
-            newest_first=newest_first,
-            cursor=cursor,
-            limit=limit,
+            filter, newest_first=newest_first, cursor=cursor, limit=limit
         )
 
     async def children(self, job_id: str, *, cursor: str | None = None, limit: int = 50) -> JobPage:
@@ -445,7 +418,7 @@ class TenantView:
     async def count(self, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT) -> int:
         """How many visible jobs ``filters`` (the arguments of :meth:`page`) select, up to
         ``limit``: the number a bulk action would act on."""
-        return len(await self._ids(self._stored_filters(filters), limit))
+        return len(await self._ids(self._stored(_parsed(filters)), limit))
 
     async def bulk(
         self, action: str, filters: Mapping[str, Any], *, limit: int = BULK_LIMIT
@@ -456,7 +429,7 @@ class TenantView:
         if action not in ("cancel", "retry"):
             raise ConfigurationError(f"bulk action must be cancel or retry, not {action!r}")
         done = 0
-        for job_id in await self._ids(self._stored_filters(filters), limit):
+        for job_id in await self._ids(self._stored(_parsed(filters)), limit):
             try:
                 if action == "cancel":
                     reason = f"cancelled in bulk (token {self.principal.token_id})"
@@ -470,21 +443,20 @@ class TenantView:
         await self.audit(f"jobs.bulk_{action}", described or "all jobs", f"{done} jobs")
         return done
 
-    def _stored_filters(self, filters: Mapping[str, Any]) -> dict[str, Any]:
-        """Filters of :meth:`page` with the principal's ids made stored ids."""
-        return {
-            k: self._filter_id(v) if k in ("parent_id", "root_id") and v else v
-            for k, v in filters.items()
-        }
+    def _stored(self, filter: JobFilter) -> JobFilter:
+        """``filter`` with the principal's ids made stored ids."""
+        return replace(
+            filter,
+            parent_id=None if filter.parent_id is None else self._filter_id(filter.parent_id),
+            root_id=None if filter.root_id is None else self._filter_id(filter.root_id),
+        )
 
-    async def _ids(self, filters: Mapping[str, Any], limit: int) -> list[str]:
-        """The stored ids of the visible jobs ``filters`` (with stored ids) select."""
+    async def _ids(self, filter: JobFilter, limit: int) -> list[str]:
+        """The stored ids of the visible jobs ``filter`` (with stored ids) selects."""
         ids: list[str] = []
         cursor = None
         while len(ids) < limit:
-            page = await self._page_stored(
-                **filters, cursor=cursor, limit=min(1000, limit - len(ids))
-            )
+            page = await self._page_stored(filter, cursor=cursor, limit=min(1000, limit - len(ids)))
             ids.extend(h.id for h in page.jobs)
             cursor = page.next
             if cursor is None:

@@ -7,7 +7,7 @@ unreachable server :class:`DatabaseUnavailable`), with the server's problem ``de
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from conveyor.app.handles import JobView
+from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job, Outcome, Progress, TreeCounts
 from conveyor.errors import (
@@ -167,24 +168,22 @@ class RemoteClient:
         response = await self._call("GET", _path(job_id), job_id=job_id)
         return self._job(response.json())
 
-    async def list_jobs(
-        self,
-        *,
-        status: Sequence[str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        include_children: bool = False,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        limit: int = 50,
-    ) -> list[RemoteJob]:
+    async def list_jobs(self, filter: JobFilter, *, limit: int = 50) -> list[RemoteJob]:
         """Jobs newest first, as :meth:`Conveyor.list_jobs` returns them: ``GET /jobs``,
-        top-level ones unless ``include_children`` or a parent or root, following ``next``
-        while the server's byte limit on pages cut one short of ``limit``."""
-        params: list[tuple[str, str]] = [("status", s) for s in status]
-        filters = (("type", type), ("queue", queue), ("parent", parent_id), ("root", root_id))
+        top-level ones unless the filter says otherwise, following ``next`` while the
+        server's byte limit on pages cut one short of ``limit``."""
+        params: list[tuple[str, str]] = [("status", s.value) for s in filter.status]
+        filters = (
+            ("type", filter.type),
+            ("queue", filter.queue),
+            ("tenant", filter.tenant),
+            ("parent", filter.parent_id),
+            ("root", filter.root_id),
+            ("created_after", _iso(filter.created_after)),
+            ("created_before", _iso(filter.created_before)),
+        )
         params += [(k, v) for k, v in filters if v is not None]
-        params.append(("include_children", "true" if include_children else "false"))
+        params.append(("include_children", "false" if filter.top_level else "true"))
         params.append(("limit", str(limit)))
         response = await self._call("GET", "/jobs", params=params)
         found = [self._job(j) for j in response.json()["jobs"]]
@@ -263,3 +262,7 @@ def _queue(data: Mapping[str, Any]) -> QueueInfo:
 
 def _path(job_id: str) -> str:
     return f"/jobs/{quote(job_id, safe='')}"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()

@@ -33,6 +33,7 @@ from conveyor.errors import ConfigurationError
 if TYPE_CHECKING:
     from conveyor.app.client import Health
     from conveyor.cli._console import ShownJob
+    from conveyor.core.filter import JobFilter
     from conveyor.core.model import Attempt
     from conveyor.store import QueueInfo
 
@@ -56,17 +57,7 @@ class JobsTarget(Protocol):
 
     async def get(self, job_id: str) -> ShownJob: ...
 
-    async def list_jobs(
-        self,
-        *,
-        status: Sequence[str] = (),
-        type: str | None = None,
-        queue: str | None = None,
-        include_children: bool = False,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        limit: int = 50,
-    ) -> Sequence[ShownJob]: ...
+    async def list_jobs(self, filter: JobFilter, *, limit: int = 50) -> Sequence[ShownJob]: ...
 
     async def attempts(self, job_id: str) -> list[Attempt]: ...
 

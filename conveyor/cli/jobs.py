@@ -23,6 +23,7 @@ from conveyor.cli._target import (
     jobs_target,
     parse_payload,
 )
+from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 
 # The rest is imported where used: `conveyor --help` and a worker's start-up load only
@@ -199,15 +200,17 @@ def jobs_list(
     stored, shown = _status_filter(status)
     # scheduled/retrying (without queued itself) read queued jobs and keep those due later.
     only_shown = bool(shown) and Status.QUEUED.value not in [w.strip().lower() for w in status]
+    chosen = JobFilter.of(
+        status=stored,
+        type=job_type,
+        queue=queue,
+        include_children=include_children,
+        parent_id=parent_id,
+        root_id=root_id,
+    )
     found = target.run(
         lambda jobs: jobs.list_jobs(
-            status=stored,
-            type=job_type,
-            queue=queue,
-            include_children=include_children,
-            parent_id=parent_id,
-            root_id=root_id,
-            limit=max(limit, _SHOWN_STATUS_WINDOW) if only_shown else limit,
+            chosen, limit=max(limit, _SHOWN_STATUS_WINDOW) if only_shown else limit
         )
     )
     if only_shown:

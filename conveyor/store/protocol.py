@@ -14,6 +14,7 @@ from typing import Protocol
 
 from conveyor.core.auth import Token
 from conveyor.core.cron import Schedule
+from conveyor.core.filter import JobFilter
 from conveyor.core.flow import TenantLimit
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
@@ -90,21 +91,13 @@ class QueueInfo:
 
 @dataclass(frozen=True, slots=True)
 class JobPageQuery:
-    """Filters for one page of jobs in creation order, with keyset pagination.
+    """One page of the jobs ``filter`` shows, in creation order, with keyset pagination.
 
     ``after`` is the ``(created_at, id)`` of the last job of the previous page; the page
     holds the jobs that sort after it (older ones when ``newest_first``).
     """
 
-    status: tuple[Status, ...] = ()
-    type: str | None = None
-    queue: str | None = None
-    tenant: str | None = None
-    parent_id: str | None = None
-    root_id: str | None = None
-    created_after: datetime | None = None  # inclusive
-    created_before: datetime | None = None  # exclusive
-    top_level: bool = False  # only jobs without a parent
+    filter: JobFilter = field(default_factory=JobFilter)
     newest_first: bool = True
     after: tuple[datetime, str] | None = None
     limit: int = 50

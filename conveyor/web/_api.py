@@ -20,6 +20,7 @@ from conveyor.app.handles import JobPage, Submission
 from conveyor.app.registry import Registry, json_text_problem
 from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
+from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
@@ -160,20 +161,21 @@ async def list_jobs(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Response:
+    chosen = JobFilter.of(
+        status=status or (),
+        type=type,
+        queue=queue,
+        tenant=tenant,
+        parent_id=parent,
+        root_id=root,
+        created_after=_utc_param("created_after", created_after),
+        created_before=_utc_param("created_before", created_before),
+        include_children=include_children,
+    )
+
     async def fetch(position: str | None, count: int) -> JobPage:
         return await view.page(
-            status=status or (),
-            type=type,
-            queue=queue,
-            tenant=tenant,
-            parent_id=parent,
-            root_id=root,
-            created_after=_utc_param("created_after", created_after),
-            created_before=_utc_param("created_before", created_before),
-            include_children=include_children,
-            newest_first=sort == "-created_at",
-            cursor=position,
-            limit=count,
+            chosen, newest_first=sort == "-created_at", cursor=position, limit=count
         )
 
     return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor.core.auth import Role, Token, hash_secret
+from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
 from conveyor.store import JobPageQuery, Lease, Store
@@ -28,23 +29,23 @@ async def test_page_jobs_filters_and_pages_by_creation_without_skipping_or_repea
 
     seen: list[str] = []
     after = None
-    while page := await store.page_jobs(JobPageQuery(queue="default", after=after, limit=2)):
+    default = JobFilter(queue="default")
+    while page := await store.page_jobs(JobPageQuery(default, after=after, limit=2)):
         seen.extend(j.id for j in page)
         after = (page[-1].created_at, page[-1].id)
     assert seen == ["j6", "j5", "j4", "j3", "j2", "j1", "j0"]
 
-    oldest = await store.page_jobs(JobPageQuery(type="even", newest_first=False))
+    oldest = await store.page_jobs(JobPageQuery(JobFilter(type="even"), newest_first=False))
     assert [j.id for j in oldest] == ["j0", "j2", "j4", "j6"]
     j2 = await store.get("j2")
     assert j2 is not None
     window = JobPageQuery(
-        created_after=j2.created_at,
-        created_before=j2.created_at + timedelta(seconds=2),
+        JobFilter(created_after=j2.created_at, created_before=j2.created_at + timedelta(seconds=2)),
         newest_first=False,
     )
     assert [j.id for j in await store.page_jobs(window)] == ["j2", "j3", "j4"]
     (running,) = await claim(store, limit=1)
-    only = await store.page_jobs(JobPageQuery(status=(Status.RUNNING,)))
+    only = await store.page_jobs(JobPageQuery(JobFilter(status=(Status.RUNNING,))))
     assert [j.id for j in only] == [running.id]
 
 

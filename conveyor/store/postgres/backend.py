@@ -643,21 +643,22 @@ class PostgresStore(ScriptedOps, SharedReads):
     # -- the API's reads and tokens -----------------------------------------------------
 
     async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        f = query.filter
         params = {
-            "statuses": [s.value for s in query.status] if query.status else None,
-            "type": query.type,
-            "queue": query.queue,
-            "tenant": query.tenant,
-            "parent_id": query.parent_id,
-            "root_id": query.root_id,
-            "top_level": query.top_level,
-            "created_after": query.created_after,
-            "created_before": query.created_before,
+            "statuses": [s.value for s in f.status] if f.status else None,
+            "type": f.type,
+            "queue": f.queue,
+            "tenant": f.tenant,
+            "parent_id": f.parent_id,
+            "root_id": f.root_id,
+            "top_level": f.top_level,
+            "created_after": f.created_after,
+            "created_before": f.created_before,
             "after_created": query.after[0] if query.after else None,
             "after_id": query.after[1] if query.after else None,
             "limit": query.limit,
         }
-        scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
+        scope = "page_jobs" if f.tenant is None else "page_tenant_jobs"
         name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
         return [job_of_row(row) for row in await self._fetch(name, params)]
 

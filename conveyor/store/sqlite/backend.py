@@ -507,21 +507,22 @@ class SQLiteStore(ScriptedOps, SharedReads):
     # -- the API's reads and tokens -----------------------------------------------------
 
     async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        f = query.filter
         params = {
-            "statuses": json.dumps([s.value for s in query.status]) if query.status else None,
-            "type": query.type,
-            "queue": query.queue,
-            "tenant": query.tenant,
-            "parent_id": query.parent_id,
-            "root_id": query.root_id,
-            "top_level": int(query.top_level),
-            "created_after": epoch(query.created_after) if query.created_after else None,
-            "created_before": epoch(query.created_before) if query.created_before else None,
+            "statuses": json.dumps([s.value for s in f.status]) if f.status else None,
+            "type": f.type,
+            "queue": f.queue,
+            "tenant": f.tenant,
+            "parent_id": f.parent_id,
+            "root_id": f.root_id,
+            "top_level": int(f.top_level),
+            "created_after": epoch(f.created_after) if f.created_after else None,
+            "created_before": epoch(f.created_before) if f.created_before else None,
             "after_created": epoch(query.after[0]) if query.after else None,
             "after_id": query.after[1] if query.after else None,
             "limit": query.limit,
         }
-        scope = "page_jobs" if query.tenant is None else "page_tenant_jobs"
+        scope = "page_jobs" if f.tenant is None else "page_tenant_jobs"
         name = f"{scope}_{'newest' if query.newest_first else 'oldest'}_first"
         return await self._run(lambda conn: jobs_of(conn.execute(_Q[name], params)))
 

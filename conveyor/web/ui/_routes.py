@@ -27,6 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
+from conveyor.core.filter import JobFilter
 from conveyor.core.health import queue_not_served, unserved_queues
 from conveyor.core.ids import sibling_order
 from conveyor.core.lifecycle import Status
@@ -383,6 +384,14 @@ def _filters(params: dict[str, list[str]]) -> dict[str, Any]:
     }
 
 
+def _job_filter(filters: dict[str, Any]) -> JobFilter:
+    """The jobs page's filter, parsed once (a bad status says which are known)."""
+    try:
+        return JobFilter.of(**filters)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def _when(name: str, text: str | None) -> datetime | None:
     """A date-time field (``YYYY-MM-DDTHH:MM``), read as UTC when it names no zone."""
     if text is None:
@@ -417,7 +426,10 @@ async def jobs_page(request: Request) -> Response:
     newest = (params.get("sort") or ["newest"])[0] != "oldest"
     cursor = (params.get("cursor") or [""])[0] or None
     page = await signed.view.page(
-        **filters, newest_first=newest, cursor=cursor, limit=_options(request).page_size
+        _job_filter(filters),
+        newest_first=newest,
+        cursor=cursor,
+        limit=_options(request).page_size,
     )
     kept = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "id")]
     return render(
@@ -564,8 +576,7 @@ async def _tree(view: TenantView, job: Job, *, shown: int = 500) -> _Tree | None
     total, done = job.below.total, job.below.done
     root = job.root_id is None
     page = await view.page(
-        root_id=job.id if root else None,
-        parent_id=None if root else job.id,
+        JobFilter.of(root_id=job.id if root else None, parent_id=None if root else job.id),
         newest_first=False,
         limit=min(1000, shown),
     )
@@ -674,7 +685,9 @@ async def workers_page(request: Request) -> Response:
     workers = await view.workers()
     counts = await view.running_by_worker()
     # Links to the newest running jobs this principal may see (counts are everyone's).
-    running = await view.page(status=[Status.RUNNING], include_children=True, limit=100)
+    running = await view.page(
+        JobFilter.of(status=[Status.RUNNING], include_children=True), limit=100
+    )
     by_worker: dict[str, list[Job]] = {}
     for h in running.jobs:
         by_worker.setdefault(h.record.lease_owner or "", []).append(h.record)
