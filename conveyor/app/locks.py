@@ -1,5 +1,10 @@
-"""Named distributed leases (``app.lease(name, ttl=...)``): one holder at a time, renewed
-in the background, with a fencing token that grows with every new holder."""
+"""Named locks (``app.lease(name, ttl=...)``): one holder at a time, renewed in the
+background, with a fencing token that grows with every new holder.
+
+The public names say *lease* (``app.lease``, :class:`NamedLease`, ``LeaseHeld``), as they
+always have; inside conveyor a *lease* is a worker's hold on a claimed job
+(``worker/_leases.py``) and this application mutex is a *lock*.
+"""
 
 from __future__ import annotations
 

@@ -75,8 +75,8 @@ class Operations:
         """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
         return await (await self._app.store()).minute_stats(since)
 
-    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
-        """Every named lease with its current and last holders, newest first."""
+    async def locks(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lock (``app.lease``) with its current and last holders, newest first."""
         store = await self._app.store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 

@@ -470,7 +470,7 @@ class TenantView:
         await self.app.authorize(self.principal, job.type, job.payload)
         return (await self.app.retry(job_id, submitted_by=self.who)).record
 
-    # -- queues, schedules, workers, leases: the cluster's, admins steer them ----------------
+    # -- queues, schedules, workers, locks: the cluster's, admins steer them ----------------
 
     # A principal that is not an admin sees the counts of its own tenant's jobs only, and
     # the workers without their hosts and process ids (the operator's, not the tenant's):
@@ -532,16 +532,17 @@ class TenantView:
         job = await self._get_stored(job_id)
         return [replace(e, job_id=job_id) for e in await self.app.events(job.id)]
 
-    async def leases(self) -> list[tuple[str, list[LeaseRecord]]]:
-        """Every named lease with its current and last holders, newest first; its holders
-        are workers or other processes, named as :meth:`worker_name` names workers."""
-        leases = await self.app.ops.leases()
+    async def locks(self) -> list[tuple[str, list[LeaseRecord]]]:
+        """Every named lock (``app.lease``) with its current and last holders, newest first;
+        its holders are workers or other processes, named as :meth:`worker_name` names
+        workers."""
+        locks = await self.app.ops.locks()
         if self.principal.is_admin:
-            return leases
+            return locks
         await self._know_workers()
         return [
             (name, [replace(h, owner=self.worker_name(h.owner)) for h in holders])
-            for name, holders in leases
+            for name, holders in locks
         ]
 
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:

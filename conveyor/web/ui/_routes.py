@@ -712,7 +712,7 @@ async def workers_page(request: Request) -> Response:
 @router.get("/leases")
 async def leases_page(request: Request) -> Response:
     signed = await _signed(request)
-    return render(request, "leases.html", signed, leases=await signed.view.leases())
+    return render(request, "leases.html", signed, leases=await signed.view.locks())
 
 
 @router.get("/audit")
