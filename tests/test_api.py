@@ -587,8 +587,21 @@ async def test_mounted_api_and_job_accepted_in_an_application(
         job = await app.submit("add", {"a": a, "b": b}, tenant="acme")
         return job.accepted(prefix="/conveyor/jobs")
 
+    @main.post("/own")
+    async def own(a: int, b: int) -> Any:
+        job = await app.submit("add", {"a": a, "b": b}, tenant="acme")
+        return job.accepted() if a else job.accepted(location=f"/own/{job.id}")
+
     transport = httpx.ASGITransport(app=main)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+        # Without prefix=, no links into routes the application may not serve (issue #30
+        # item 11: they pointed at /jobs/...); location= names one of its own.
+        bare = await c.post("/own?a=1&b=2")
+        assert bare.status_code == 202 and bare.json()["links"] is None
+        assert "location" not in bare.headers and bare.json()["payload"] == {"a": 1, "b": 2}
+        named = await c.post("/own?a=0&b=2")
+        assert named.headers["Location"] == f"/own/acme/{named.json()['id']}"
+        assert named.json()["links"] is None
         r = await c.post("/sums?a=20&b=22")
         assert r.status_code == 202
         location = r.headers["Location"]

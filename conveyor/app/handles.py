@@ -191,19 +191,26 @@ class JobHandle(JobView):
         return blocking.Blocking(self)
 
     def accepted(
-        self, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        location: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> JSONResponse:
-        """Return a ``202 Accepted`` response whose ``Location`` is this job's resource.
+        """Return a ``202 Accepted`` response with the job resource as body.
 
-        For an application's own Starlette or FastAPI endpoints: ``return job.accepted()``
-        answers as ``POST /jobs`` does, with the job resource as body. ``prefix`` is where
-        the conveyor API serves jobs (``"/api/jobs"`` when it is mounted at ``/api``).
+        For an application's own Starlette or FastAPI endpoints. ``prefix`` is where the
+        application serves the conveyor API's jobs (``"/api/jobs"`` when
+        ``create_api`` is mounted at ``/api``): then ``Location`` and the resource's
+        links point there, as ``POST /jobs`` answers. Without it the resource has no
+        links (the application may serve no such routes), and ``location`` names a
+        route of its own for ``Location``, if it has one.
         """
         # Imported here: the web layer (and Starlette) load only for applications that answer
         # HTTP themselves.
         from conveyor.web import accepted
 
-        return accepted(self.record, prefix=prefix, headers=headers)
+        return accepted(self.record, prefix=prefix, location=location, headers=headers)
 
 
 # A lease's token and owner are the worker's business: a holder of them could settle it.

@@ -22,14 +22,31 @@ from conveyor.web._resource import iso, job_resource, job_url
 
 
 def accepted(
-    job: Job, *, prefix: str = "/jobs", headers: Mapping[str, str] | None = None
+    job: Job,
+    *,
+    prefix: str | None = None,
+    location: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """A ``202 Accepted`` answer with the job's resource, ``Location`` its URL.
+    """A ``202 Accepted`` answer with the job's resource.
 
     What :meth:`conveyor.JobHandle.accepted` returns, for an application's own endpoints:
     a tenant's job as its tenant's token reads it (its id without the tenant prefix).
+    Links and ``Location`` point into the conveyor API only when ``prefix`` says where the
+    application serves it (its jobs' path, ``"/conveyor/jobs"``); without it the resource
+    has no links, since the application may serve no such routes. ``location`` sets
+    ``Location`` to a route of the application's own.
     """
-    return created(as_its_tenant_sees(job), prefix=prefix, headers=headers)
+    shown = as_its_tenant_sees(job)
+    if prefix is not None:
+        response = created(shown, prefix=prefix, headers=headers)
+        if location is not None:
+            response.headers["Location"] = location
+        return response
+    body = job_resource(shown)
+    body["links"] = None
+    extra = {"Location": location} if location is not None else {}
+    return JSONResponse(body, status_code=202, headers={**extra, **(headers or {})})
 
 
 def created(
