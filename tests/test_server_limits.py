@@ -5,10 +5,13 @@ readers stays within bounded memory, and forwarded headers count only when confi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -226,3 +229,92 @@ async def test_big_pages_to_slow_readers_keep_the_server_rss_bounded(
                 seen += [job["id"] for job in document["jobs"]]
                 url = document["next"]
         assert len(seen) == len(set(seen)) == JOBS
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _request(port: int, authorization: str, connection: Connection | None = None) -> int:
+    """One ``GET /jobs`` on a connection of its own (opened now unless given); the answer's
+    status code."""
+    reader, writer = connection or await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            f"GET /jobs?limit=100 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {authorization}"
+            "\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        status = await reader.readline()
+        await reader.read()
+        return int(status.split()[1])
+    finally:
+        writer.close()
+
+
+async def _flood(
+    served: Served, burst: list[str], steady: str, streams: int = 5
+) -> tuple[Counter[int], Counter[int], int]:
+    """Send a request with each authorization of ``burst`` at once (on connections opened
+    first) while ``streams`` clients of ``steady`` send one request after another until
+    the burst is answered; return the burst's codes, the steady ones, and how many steady
+    requests were sent while the burst was still being answered."""
+    connected = [asyncio.open_connection("127.0.0.1", served.port) for _ in burst]
+    connections = await asyncio.gather(*connected)
+
+    tasks = [
+        asyncio.create_task(_request(served.port, auth, connection))
+        for connection, auth in zip(connections, burst, strict=True)
+    ]
+    codes: Counter[int] = Counter()
+    during = 0
+
+    async def stream() -> None:
+        nonlocal during
+        while not all(t.done() for t in tasks) or sum(codes.values()) < 20:
+            pending = not all(t.done() for t in tasks)
+            codes[await _request(served.port, steady)] += 1
+            during += pending
+
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    return Counter([await t for t in tasks]), codes, during
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_one_tokens_burst_leaves_every_other_tenant_served(
+    db_url: str, tmp_path: Path
+) -> None:
+    # One token's 600 requests at once queued the others behind them in the database pool
+    # until their token checks ran out of time (503); its share is capped instead (429).
+    # The deadline of a token check is longer than the default, so that what is measured
+    # is the pool's queue and not this busy machine's scheduling of the server process.
+    with serving_process(db_url, tmp_path, "--db-timeout", "5") as served:
+        app = build(db_url)
+        try:
+            _, loud = await app.create_token(tenant="loud", role="read")
+            _, quiet = await app.create_token(tenant="quiet", role="read")
+            for start in range(0, 200, 50):
+                await app.submit_many(
+                    [
+                        Submission("add", {"a": i, "b": i}, tenant="loud")
+                        for i in range(start, start + 50)
+                    ]
+                )
+        finally:
+            await app.close()
+        loud, quiet = f"Bearer {loud}", f"Bearer {quiet}"
+        # Both clients have been served before (the server knows their tokens are valid).
+        assert await _request(served.port, loud) == await _request(served.port, quiet) == 200
+        answers, codes, during = await _flood(served, [loud] * 600, quiet)
+        assert during > 0, "the steady requests all came after the burst"
+        assert set(codes) == {200}, codes
+        # Its own share is served (a 503 there is this machine's database being slow to
+        # open a connection of the pool, which the burst makes grow), the rest refused.
+        assert set(answers) <= {200, 429, 503} and answers[429] > 0, answers
+        # A flood of made-up tokens (each one looked up once) takes one share, not the pool.
+        made_up = [
+            f"Bearer cvt_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}" for _ in range(600)
+        ]
+        answers, codes, during = await _flood(served, made_up, quiet)
+        assert during > 0, "the steady requests all came after the flood"
+        assert set(codes) == {200}, codes
+        assert set(answers) <= {401, 429, 503} and answers[429] > 0, answers

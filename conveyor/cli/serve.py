@@ -55,6 +55,12 @@ def _limit_options(command: Callable[..., None]) -> Callable[..., None]:
         ("--max-long-polls", 1000, int, "Requests waiting (?wait=) at once; 429 above it."),
         ("--max-long-polls-per-token", 20, int, "Requests waiting (?wait=) at once per token."),
         ("--db-timeout", 0.5, float, "Seconds to check a token or health; 503 when slower."),
+        (
+            "--max-requests-per-tenant",
+            8,
+            int,
+            "Requests of one tenant in progress at once; 429 above it (0: no cap).",
+        ),
     ]
     for flag, default, kind, text in reversed(limits):
         command = click.option(flag, default=default, type=kind, show_default=True, help=text)(
@@ -151,6 +157,7 @@ def serve(
             max_long_polls=limits["max_long_polls"],
             max_long_polls_per_token=limits["max_long_polls_per_token"],
             db_timeout=limits["db_timeout"],
+            max_requests_per_tenant=limits["max_requests_per_tenant"],
             docs=limits["docs"],
         )
         api = create_api(app, options=api_options)

@@ -19,6 +19,7 @@ from conveyor.web._limits import BodyLimit
 from conveyor.web._metrics import ApiMetrics, MetricsMiddleware
 from conveyor.web._pages import CursorSigner
 from conveyor.web._problems import install_handlers
+from conveyor.web._shares import FairShare, Shares
 from conveyor.web._waiters import JobWaiters
 
 
@@ -39,6 +40,7 @@ class ApiOptions:
     max_long_polls_per_token: int = 20  # the same, per API token
     db_timeout: float = 0.5  # checking a token or health: 503 if the database is slower
     cursor_key: bytes | None = None  # signs list cursors; None: the database's own secret
+    max_requests_per_tenant: int = 8  # requests of one tenant in progress at once: 429 over
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
@@ -53,7 +55,7 @@ class ApiOptions:
             raise ConfigurationError("wait_tick must be between 0.005 and 10 seconds")
         if not isinstance(self.max_page_bytes, int) or self.max_page_bytes < 64 * 1024:
             raise ConfigurationError("max_page_bytes must be an integer of at least 65536")
-        for name in ("max_long_polls", "max_long_polls_per_token"):
+        for name in ("max_long_polls", "max_long_polls_per_token", "max_requests_per_tenant"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name} must be an integer of at least 0")
@@ -105,6 +107,8 @@ def create_api(app: Conveyor, *, options: ApiOptions | None = None) -> FastAPI:
     api.state.cursors = CursorSigner(app, opts.cursor_key)
     install_handlers(api)
     api.add_middleware(BodyLimit, max_bytes=opts.max_body_bytes)
+    api.state.shares = shares = Shares(opts.max_requests_per_tenant)
+    api.add_middleware(FairShare, shares=shares)
     api.add_middleware(MetricsMiddleware, metrics=metrics)
     api.add_middleware(SecurityHeaders)
     api.include_router(router)

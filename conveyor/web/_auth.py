@@ -86,7 +86,10 @@ def requires(role: Role) -> Callable[..., Awaitable[TenantView]]:
     ) -> TenantView:
         app = conveyor_of(request)
         timeout = request.app.state.options.db_timeout
-        return TenantView(app, await authenticate(app, credentials, role, timeout=timeout))
+        principal = await authenticate(app, credentials, role, timeout=timeout)
+        if credentials is not None:  # its next requests count to its tenant's share
+            request.app.state.shares.remember(credentials.credentials, principal.tenant)
+        return TenantView(app, principal)
 
     return view
 

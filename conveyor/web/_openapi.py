@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from conveyor.app.client import Conveyor
 from conveyor.web import _schemas as s
-from conveyor.web._problems import FieldError, Problem
+from conveyor.web._problems import FieldError, Problem, problem_responses
 
 if TYPE_CHECKING:
     from conveyor.web._app import ApiOptions
@@ -84,10 +84,23 @@ def install(api: FastAPI, app: Conveyor, options: ApiOptions) -> None:
                 schemas.setdefault(name, definition)
             _submission_variants(app, schemas)
             _state_limits(schema, options)
+            _fair_share(schema)
             api.openapi_schema = schema
         return api.openapi_schema
 
     api.openapi = openapi  # type: ignore[method-assign]
+
+
+def _fair_share(schema: dict[str, Any]) -> None:
+    """Every operation that may reach the database may answer 429: its tenant has as many
+    requests in progress as it may have at once (web/_shares.py)."""
+    busy = problem_responses(429)[429]
+    busy["headers"] = {"Retry-After": header("Seconds before sending more.")}
+    for path, operations in schema.get("paths", {}).items():
+        if path == "/health/live":
+            continue
+        for operation in operations.values():
+            operation.setdefault("responses", {}).setdefault("429", busy)
 
 
 def _state_limits(schema: dict[str, Any], options: ApiOptions) -> None:
