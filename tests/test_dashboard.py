@@ -436,6 +436,44 @@ async def test_the_favicon_is_served(api: FastAPI):
     assert r.content[:4] == b"\0\0\1\0"  # an ICO file
 
 
+CRAFTED = [
+    ("cursor=", 422),
+    ("cursor=abc", 422),
+    ("created_after=0001-01-01T00:00%2B05:00", 200),  # every job is after it
+    ("created_before=9999-12-31T23:59-05:00", 200),
+    ("created_after=garbage", 422),
+    ("type=a%00b", 422),
+    ("parent=a%00b", 422),
+    ("root=%00", 422),
+    ("queue=" + "q" * 101, 422),
+    ("status=nope", 422),
+]
+
+
+async def test_crafted_query_values_get_the_apis_answer_on_the_jobs_page(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    for i in range(3):
+        await app.submit("add", {"a": i, "b": i}, tenant="acme")
+    unsigned = (await app.page_jobs(tenant="acme", limit=1)).next
+    assert unsigned is not None
+    c = browser()
+    await sign_in(c, secrets["read"])
+    api = {"Authorization": f"Bearer {secrets['read']}"}
+    for crafted, status in [*CRAFTED, (f"cursor={unsigned}", 422)]:
+        page = await c.get(f"/ui/jobs?{crafted}")
+        listed = await c.get(f"/jobs?{crafted}", headers=api)
+        assert (page.status_code, listed.status_code) == (status, status), crafted
+        if status == 422:  # a page that names what is wrong
+            assert f"{crafted.split('=')[0]}:" in page.text or "cursor" in page.text, crafted
+    for crafted in ["id=a%00b", "id=%00"]:
+        assert (await c.get(f"/ui/jobs?{crafted}")).status_code == 422, crafted
+    assert (await c.get("/ui/jobs/a%00b")).status_code == 422
+    # The page's own cursors are signed for the principal and lead on.
+    few = await c.get("/ui/jobs")
+    assert few.status_code == 200
+
+
 # -- escaping ---------------------------------------------------------------------------------
 
 

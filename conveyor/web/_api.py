@@ -18,14 +18,13 @@ from starlette.responses import JSONResponse, Response
 
 from conveyor.app.handles import JobPage, Submission
 from conveyor.app.registry import Registry, json_text_problem
-from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
-from conveyor.core.filter import JobFilter
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job
 from conveyor.errors import DatabaseUnavailable
 from conveyor.web import _pages as pages
 from conveyor.web import _paths  # noqa: F401  (registers the job id path parameters)
+from conveyor.web import _query as query
 from conveyor.web import _responses as answer
 from conveyor.web import _schemas as s
 from conveyor.web._auth import ROLE_KEY, Admin, Reader, Writer, authenticate, conveyor_of
@@ -45,11 +44,6 @@ _AUTH_ERRORS = (401, 403, 422, 503)
 
 def _role(needed: Role | None) -> dict[str, Any]:
     return {ROLE_KEY: needed.value if needed else None}
-
-
-def _scope(view: TenantView) -> str:
-    """Whose cursors these are: a tenant's, or every tenant's for an admin."""
-    return "*" if view.principal.is_admin else view.principal.tenant
 
 
 def _options(request: Request) -> ApiOptions:
@@ -161,15 +155,15 @@ async def list_jobs(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Response:
-    chosen = JobFilter.of(
+    chosen = query.job_filter(
         status=status or (),
         type=type,
         queue=queue,
         tenant=tenant,
-        parent_id=parent,
-        root_id=root,
-        created_after=_utc_param("created_after", created_after),
-        created_before=_utc_param("created_before", created_before),
+        parent=parent,
+        root=root,
+        created_after=created_after,
+        created_before=created_before,
         include_children=include_children,
     )
 
@@ -178,7 +172,9 @@ async def list_jobs(
             chosen, newest_first=sort == "-created_at", cursor=position, limit=count
         )
 
-    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
+    return await pages.page(
+        request, fetch, cursor=cursor, limit=limit, scope=query.cursor_scope(view.principal)
+    )
 
 
 @router.get(
@@ -210,7 +206,9 @@ async def job_children(
     async def fetch(position: str | None, count: int) -> JobPage:
         return await view.children(job_id, cursor=position, limit=count)
 
-    return await pages.page(request, fetch, cursor=cursor, limit=limit, scope=_scope(view))
+    return await pages.page(
+        request, fetch, cursor=cursor, limit=limit, scope=query.cursor_scope(view.principal)
+    )
 
 
 @router.get(
@@ -626,10 +624,3 @@ def _submission(item: s.JobSubmission) -> Submission:
         tenant=item.tenant,
         depends_on=tuple(item.depends_on),
     )
-
-
-def _utc_param(name: str, value: datetime | None) -> datetime | None:
-    try:
-        return s.utc(value)
-    except ValueError as exc:
-        raise ProblemError(422, f"{name}: {exc}") from None

@@ -13,6 +13,7 @@ from starlette.staticfiles import StaticFiles
 from conveyor.app.client import Conveyor
 from conveyor.errors import ConfigurationError, ConveyorError
 from conveyor.store.protocol import MinuteStats, QueueInfo
+from conveyor.web._pages import CursorSigner
 from conveyor.web._problems import status_of
 from conveyor.web.ui import _routes
 from conveyor.web.ui._session import Sessions
@@ -46,6 +47,7 @@ def create_dashboard(app: Conveyor, *, options: DashboardOptions | None = None) 
     ui.state.conveyor = app
     ui.state.options = opts
     ui.state.sessions = Sessions(opts.session_ttl)
+    ui.state.cursors = CursorSigner(app, None)
     ui.state.queue_counts = _routes.Cached[list[QueueInfo]](opts.counts_max_age)
     ui.state.day_stats = _routes.Cached[list[MinuteStats]](min(60.0, opts.counts_max_age))
     ui.mount("/static", StaticFiles(packages=[("conveyor.web.ui", "static")]), name="static")

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from urllib.parse import parse_qs, quote, urlencode
 
@@ -34,6 +34,8 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
 from conveyor.errors import ConfigurationError, Forbidden, JobNotFound
 from conveyor.web import _paths  # noqa: F401  (registers the job id path parameters)
+from conveyor.web import _query as query
+from conveyor.web._pages import CursorSigner
 from conveyor.web.ui import _charts
 from conveyor.web.ui._session import (
     COOKIE,
@@ -364,43 +366,29 @@ _FILTERS = (
 
 
 def _filters(params: dict[str, list[str]]) -> dict[str, Any]:
-    """The TenantView.page arguments of the jobs page's filter fields."""
+    """The TenantView.page arguments of the jobs page's filter fields, read as the REST
+    API reads them (web/_query.py)."""
 
     def one(name: str) -> str | None:
-        value = (params.get(name) or [""])[0].strip()
-        return value or None
+        values = params.get(name)
+        return values[0] if values else None
 
-    statuses = [s for s in params.get("status", []) if s]
-    return {
-        "status": tuple(statuses),
-        "type": one("type"),
-        "queue": one("queue"),
-        "tenant": one("tenant"),
-        "parent_id": one("parent"),
-        "root_id": one("root"),
-        "created_after": _when("created_after", one("created_after")),
-        "created_before": _when("created_before", one("created_before")),
-        "include_children": bool(one("children")),
-    }
+    return query.job_filters(
+        status=params.get("status", []),
+        type=one("type"),
+        queue=one("queue"),
+        tenant=one("tenant"),
+        parent=one("parent"),
+        root=one("root"),
+        created_after=one("created_after"),
+        created_before=one("created_before"),
+        include_children=bool(query.text("children", one("children"))),
+    )
 
 
 def _job_filter(filters: dict[str, Any]) -> JobFilter:
-    """The jobs page's filter, parsed once (a bad status says which are known)."""
-    try:
-        return JobFilter.of(**filters)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
-
-
-def _when(name: str, text: str | None) -> datetime | None:
-    """A date-time field (``YYYY-MM-DDTHH:MM``), read as UTC when it names no zone."""
-    if text is None:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigurationError(f"{name}: {text!r} is not a date and time") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    """The jobs page's filter, parsed once, as the REST API parses its own."""
+    return query.as_job_filter(filters)
 
 
 def _query_params(request: Request) -> dict[str, list[str]]:
@@ -414,7 +402,7 @@ def _query_params(request: Request) -> dict[str, list[str]]:
 async def jobs_page(request: Request) -> Response:
     signed = await _signed(request)
     params = _query_params(request)
-    wanted_id = (params.get("id") or [""])[0].strip()
+    wanted_id = query.text("id", _first(params, "id"))
     if wanted_id:
         try:
             await signed.view.get(wanted_id)
@@ -424,20 +412,24 @@ async def jobs_page(request: Request) -> Response:
             return _back(request, f"/jobs/{quote(wanted_id, safe='')}")
     filters = _filters(params)
     newest = (params.get("sort") or ["newest"])[0] != "oldest"
-    cursor = (params.get("cursor") or [""])[0] or None
+    # Cursors are signed for the principal, as the API's are: a crafted one is refused.
+    signer: CursorSigner = request.app.state.cursors
+    scope = query.cursor_scope(signed.view.principal)
+    cursor = await signer.open(params["cursor"][0], scope) if "cursor" in params else None
     page = await signed.view.page(
         _job_filter(filters),
         newest_first=newest,
         cursor=cursor,
         limit=_options(request).page_size,
     )
+    following = await signer.sign(page.next, scope) if page.next else None
     kept = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "id")]
     return render(
         request,
         "jobs.html",
         signed,
         jobs=[h.record for h in page.jobs],
-        next_query=urlencode([*kept, ("cursor", page.next)]) if page.next else None,
+        next_query=urlencode([*kept, ("cursor", following)]) if following else None,
         filter_items=[(k, v) for k, v in kept if k in (*_FILTERS, "children", "sort")],
         params={k: v[0] for k, v in params.items()},
         chosen=set(params.get("status", [])),
@@ -482,8 +474,14 @@ def _remember(signed: Signed, message: str) -> None:
     signed.session.flash = [message]
 
 
+def _job_id(job_id: str) -> str:
+    """A job id from a path, checked as the jobs page's ``id`` field is (no NUL, text)."""
+    return query.text("id", job_id) or job_id
+
+
 @router.get("/jobs/{job_id:job_itself}")
 async def job_page(request: Request, job_id: str) -> Response:
+    job_id = _job_id(job_id)
     signed = await _signed(request)
     view = signed.view
     job = await view.get(job_id)
@@ -611,6 +609,7 @@ async def _retry_chain(view: TenantView, job: Job, *, most: int = 20) -> list[Jo
 
 @router.post("/jobs/{job_id:job}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
+    job_id = _job_id(job_id)
     signed, _ = await _acting(request)
     after = await signed.view.cancel(job_id)
     _remember(signed, f"job {job_id}: {'cancelled' if after.terminal else 'asked to stop'}")
@@ -619,6 +618,7 @@ async def cancel(request: Request, job_id: str) -> Response:
 
 @router.post("/jobs/{job_id:job}/retry")
 async def retry(request: Request, job_id: str) -> Response:
+    job_id = _job_id(job_id)
     signed, _ = await _acting(request)
     new = await signed.view.retry(job_id)
     _remember(signed, f"job {job_id} retried as {new.id}")
@@ -627,6 +627,7 @@ async def retry(request: Request, job_id: str) -> Response:
 
 @router.post("/jobs/{job_id:job}/retry-failed-children")
 async def retry_children(request: Request, job_id: str) -> Response:
+    job_id = _job_id(job_id)
     signed, _ = await _acting(request)
     new = await signed.view.retry_failed_children(job_id)
     _remember(signed, f"{len(new)} failed children retried")
