@@ -36,6 +36,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("testing", ("conveyor.testing", "conveyor._pytest_plugin")),
     # The package: its public names, and the old module paths it keeps working.
     ("package", ("conveyor", "conveyor._moved")),
+    # Django's task backend: an application of the package's public names.
+    ("django", ("conveyor.django",)),
 ]
 
 # Imports that point outward on purpose, each run lazily inside one function.

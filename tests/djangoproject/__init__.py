@@ -1,0 +1,1 @@
+"""A small, real Django project the Django backend's tests run: settings and tasks."""

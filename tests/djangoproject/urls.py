@@ -1,0 +1,3 @@
+"""The test project serves nothing over HTTP."""
+
+urlpatterns: list[object] = []
