@@ -22,12 +22,14 @@ transaction commits. ``python manage.py conveyor_worker`` runs the tasks.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import SyncToAsync, async_to_sync
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -225,11 +227,12 @@ class ConveyorBackend(BaseTaskBackend):
         if shared and connection is not None and connection.in_atomic_block:
             if connection.vendor == "postgresql":
                 connection.ensure_connection()
-                handle = app.sync.submit_many([submission], connection=connection.connection)[0]
+                raw = connection.connection
+                handle = _wait(app, "submit_many", [submission], connection=raw)[0]
                 return self._enqueued(task, handle.record)
             # SQLite: one writer at a time, and this transaction may hold the lock.
             return self._after_commit(app, task, submission, connection.alias)
-        handle = app.sync.submit_many([submission])[0]
+        handle = _wait(app, "submit_many", [submission])[0]
         return self._enqueued(task, handle.record)
 
     def _after_commit(
@@ -242,7 +245,7 @@ class ConveyorBackend(BaseTaskBackend):
         is chosen now, so the result handed back is the job's.
         """
         submission = replace(submission, id=app.new_job_id())
-        transaction.on_commit(lambda: app.sync.submit_many([submission]), using=using)
+        transaction.on_commit(lambda: _wait(app, "submit_many", [submission]), using=using)
         result = self._task_result(
             task,
             id=str(submission.id),
@@ -264,7 +267,7 @@ class ConveyorBackend(BaseTaskBackend):
         """The task result of a job id; TaskResultDoesNotExist if there is no such task."""
         app = self.app
         try:
-            job = app.sync.get(result_id).record
+            job = _wait(app, "get", result_id).record
         except conveyor.JobNotFound:
             raise TaskResultDoesNotExist(result_id) from None
         except conveyor.ConveyorError as exc:
@@ -274,7 +277,7 @@ class ConveyorBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(
                 f"{result_id} is a conveyor job of type {job.type!r}, not a Django task"
             )
-        attempts = app.sync.attempts(job.id) if job.attempt else []
+        attempts = _wait(app, "attempts", job.id) if job.attempt else []
         return self.result_of(task, job, attempts)
 
     def task_of(self, path: str, queue: str, priority: int) -> Task | None:
@@ -385,6 +388,21 @@ class ConveyorBackend(BaseTaskBackend):
                     )
                 )
         return found
+
+
+def _wait(app: conveyor.Conveyor, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Run one of the application's coroutine methods from sync code, and wait for it.
+
+    Sync code that async code called through ``sync_to_async`` (a view under ASGI, a
+    test's async client) runs it on that calling event loop, as asgiref's
+    ``async_to_sync`` does, with that loop's store; other sync code (WSGI, a
+    management command) on conveyor's portal loop (``app.sync``).
+    """
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    pid = getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None)
+    if loop is not None and pid == os.getpid() and loop.is_running():
+        return async_to_sync(getattr(app, method))(*args, **kwargs)
+    return getattr(app.sync, method)(*args, **kwargs)
 
 
 def _checked(options: object, where: str) -> dict[str, Any]:
