@@ -84,8 +84,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from conveyor import logs
         from conveyor.django.backend import ConveyorBackend
+        from conveyor.observe import logs
 
         try:
             backend = task_backends[options["backend"]]
