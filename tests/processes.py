@@ -43,8 +43,12 @@ class Record:
 class WorkerProcesses:
     """Starts worker processes of ``tests.apps.procs:app`` on one database."""
 
-    def __init__(self, db_url: str, record_path: Path, log_dir: Path) -> None:
+    def __init__(
+        self, db_url: str, record_path: Path, log_dir: Path, *, direct_url: str | None = None
+    ) -> None:
         self.db_url = db_url
+        # Where the test itself reads the database (a direct URL when db_url is a pooler's).
+        self.direct_url = direct_url or db_url
         self.record_path = record_path
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -111,7 +115,7 @@ class WorkerProcesses:
         is claiming and firing. Start-up takes seconds on a loaded machine: wait for it,
         never assume it.
         """
-        store = create_store(self.db_url)
+        store = create_store(self.direct_url)
         await store.open()
         try:
             async with asyncio.timeout(timeout):

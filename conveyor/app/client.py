@@ -77,6 +77,7 @@ from conveyor.store import (
     HealthCounts,
     JobPageQuery,
     LeaseRecord,
+    Pooling,
     QueueInfo,
     QueueLag,
     Retention,
@@ -96,7 +97,12 @@ DEFAULT_URL = "sqlite:///conveyor.db"
 
 
 class Conveyor:
-    """An application: its job types and its connection to the store."""
+    """An application: its job types and its connection to the store.
+
+    On PostgreSQL behind PgBouncer in transaction mode, ``pooler="transaction"`` (env
+    ``CONVEYOR_POOLER``) keeps session state off the pooled URL, and ``listen_url`` (env
+    ``CONVEYOR_LISTEN_URL``), a direct URL of the same database, carries LISTEN wake-ups.
+    """
 
     def __init__(
         self,
@@ -104,12 +110,15 @@ class Conveyor:
         *,
         clock: Callable[[], float] | None = None,
         migrate: bool = True,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_URL
         self.clock = clock
         self.migrate_on_open = migrate
+        self.pooling = Pooling.configured(pooler=pooler, listen_url=listen_url)
         # Parse the URL now so a malformed one fails at start-up, not at the first submit.
-        create_store(self.url, clock=clock, migrate=migrate)
+        create_store(self.url, clock=clock, migrate=migrate, pooling=self.pooling)
         self.registry = Registry()
         self.schedules: dict[str, Schedule] = {}
         self._stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Store] = (
@@ -242,26 +251,37 @@ class Conveyor:
                 self._stores[loop] = store
         return store
 
-    def use_database(self, url: str) -> None:
-        """Point this application at another database before its first use.
+    def use_database(
+        self, url: str, *, pooler: str | None = None, listen_url: str | None = None
+    ) -> None:
+        """Point this application at another database (or route) before its first use.
 
         For tools that load an application and are told its database separately (the
-        CLI's ``--database-url``). The URL is checked as the constructor checks it, and a
-        change is refused while a store is open on a running event loop: jobs would be
-        split between two databases.
+        CLI's ``--database-url``, ``--pooler``, ``--listen-url``; None keeps what the
+        application has). The URL is checked as the constructor checks it, and a change
+        is refused while a store is open on a running event loop: jobs would be split
+        between two databases.
         """
-        if url == self.url:
+        pooling = Pooling.configured(
+            pooler=(self.pooling.mode or "") if pooler is None else pooler,
+            listen_url=self.pooling.listen_url if listen_url is None else listen_url or None,
+            environ={},
+        )
+        if url == self.url and pooling == self.pooling:
             return
-        create_store(url, clock=self.clock, migrate=self.migrate_on_open)
+        create_store(url, clock=self.clock, migrate=self.migrate_on_open, pooling=pooling)
         if any(not loop.is_closed() for loop in self._stores):
             raise ConfigurationError(
                 f"this application already uses {self.url}; it cannot move to another database"
             )
         self.url = url
+        self.pooling = pooling
 
     def new_store(self) -> Store:
         """Return a new, unopened store on this application's database."""
-        return create_store(self.url, clock=self.clock, migrate=self.migrate_on_open)
+        return create_store(
+            self.url, clock=self.clock, migrate=self.migrate_on_open, pooling=self.pooling
+        )
 
     async def close(self) -> None:
         """Close this event loop's store."""
@@ -271,7 +291,7 @@ class Conveyor:
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations; return the names applied."""
-        store = create_store(self.url, clock=self.clock, migrate=False)
+        store = create_store(self.url, clock=self.clock, migrate=False, pooling=self.pooling)
         try:
             return await store.migrate()
         finally:

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 import traceback
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from conveyor.app.client import Conveyor
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
@@ -62,6 +63,9 @@ DURATION = Duration()
 
 # Where the database URL came from, so that messages name what the user typed.
 url_source = {"flag": False}
+# --pooler and --listen-url (or their environment variables), for app_from: they come
+# with every --database-url, so they are kept here rather than in each command's arguments.
+route: dict[str, str | None] = {"pooler": None, "listen_url": None}
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -167,13 +171,14 @@ def app_from(
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source("database_url") if ctx is not None else None
     url_source["flag"] = bool(database_url) and source is click.core.ParameterSource.COMMANDLINE
+    pooler, listen_url = route["pooler"], route["listen_url"]
     try:
         if app_spec:
             app = load_app(app_spec)
-            if database_url:
-                app.use_database(database_url)
+            if database_url or pooler is not None or listen_url is not None:
+                app.use_database(database_url or app.url, pooler=pooler, listen_url=listen_url)
         else:
-            app = Conveyor(database_url)
+            app = Conveyor(database_url, pooler=pooler, listen_url=listen_url)
         path = sqlite_path(app.url) if must_exist else None
     except ConfigurationError as exc:
         fail(str(exc), EXIT_USAGE)
@@ -247,12 +252,39 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."
 )
 
-url_option = click.option(
-    "--database-url",
-    envvar="CONVEYOR_DATABASE_URL",
-    metavar="URL",
-    help="Database URL (env CONVEYOR_DATABASE_URL); default sqlite:///conveyor.db.",
-)
+
+def _keep_route(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if param.name is not None:
+        route[param.name] = value
+
+
+def url_option(command: F) -> F:
+    """Give a command --database-url, and --pooler and --listen-url for PgBouncer."""
+    command = click.option(
+        "--listen-url",
+        envvar="CONVEYOR_LISTEN_URL",
+        metavar="URL",
+        expose_value=False,
+        callback=_keep_route,
+        help="A direct PostgreSQL URL of the same database, used only to LISTEN for "
+        "wake-ups when --database-url goes through a transaction pooler (env "
+        "CONVEYOR_LISTEN_URL); without it workers poll.",
+    )(command)
+    command = click.option(
+        "--pooler",
+        envvar="CONVEYOR_POOLER",
+        type=click.Choice(["transaction", "none"], case_sensitive=False),
+        expose_value=False,
+        callback=_keep_route,
+        help="'transaction': --database-url goes through a transaction pooler such as "
+        "PgBouncer's pool_mode = transaction (env CONVEYOR_POOLER).",
+    )(command)
+    return click.option(
+        "--database-url",
+        envvar="CONVEYOR_DATABASE_URL",
+        metavar="URL",
+        help="Database URL (env CONVEYOR_DATABASE_URL); default sqlite:///conveyor.db.",
+    )(command)
 
 
 def setup_logging(level: str | int, log_format: str) -> None:

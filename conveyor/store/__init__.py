@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.errors import ConfigurationError
+from conveyor.store._pooling import Pooling
 from conveyor.store.protocol import (
     Beat,
     HealthCounts,
@@ -26,12 +27,17 @@ from conveyor.store.protocol import (
 
 
 def create_store(
-    url: str, *, clock: Callable[[], float] | None = None, migrate: bool = True
+    url: str,
+    *,
+    clock: Callable[[], float] | None = None,
+    migrate: bool = True,
+    pooling: Pooling | None = None,
 ) -> Store:
     """Return an unopened store for a ``sqlite:///`` or ``postgresql://`` URL.
 
     ``clock`` pins the store's time (seconds since the epoch) for tests; in production
-    SQLite uses the machine's clock and PostgreSQL the server's ``now()``.
+    SQLite uses the machine's clock and PostgreSQL the server's ``now()``. ``pooling``
+    says whether a PostgreSQL URL goes through a transaction pooler (store/_pooling.py).
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(
@@ -40,6 +46,12 @@ def create_store(
         )
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
+        if pooling is not None and pooling.configured_any:
+            raise ConfigurationError(
+                f"a pooler and a listen URL (CONVEYOR_POOLER, CONVEYOR_LISTEN_URL) apply to "
+                f"PostgreSQL only, and the database URL is {url!r}: unset them, or use a "
+                "postgresql:// URL"
+            )
         from conveyor.store.sqlite import SQLiteStore
         from conveyor.store.sqlite.backend import parse_sqlite_url
 
@@ -52,7 +64,7 @@ def create_store(
                 f"PostgreSQL support is not installed ({exc.name} is missing): "
                 'pip install "conveyor[postgres]"'
             ) from exc
-        return PostgresStore(url, clock=clock, migrate=migrate)
+        return PostgresStore(url, clock=clock, migrate=migrate, pooling=pooling)
     raise ConfigurationError(
         f"malformed database URL {url!r}: use sqlite:///path/to/file.db or "
         "postgresql://user@host:5432/dbname"
@@ -75,6 +87,7 @@ __all__ = [
     "Lease",
     "LeaseRecord",
     "Limits",
+    "Pooling",
     "QueueInfo",
     "QueueLag",
     "Rescued",

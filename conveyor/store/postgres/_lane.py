@@ -211,8 +211,11 @@ class _Lane:
 class OneJobSubmits:
     """A store's one-job submits: on the lane when it is free, else on the pool."""
 
-    def __init__(self, connect: Connect, run: Run, where: Callable[[], str]) -> None:
+    def __init__(
+        self, connect: Connect, run: Run, where: Callable[[], str], *, lane: bool = True
+    ) -> None:
         self._connect = connect
+        self._use_lane = lane
         self._run = run
         self._where = where
         self._lane: _Lane | None = None
@@ -240,7 +243,7 @@ class OneJobSubmits:
         return result
 
     async def _open(self) -> _Lane | None:
-        if self._opening or time.monotonic() < self._open_after:
+        if not self._use_lane or self._opening or time.monotonic() < self._open_after:
             return None
         self._opening = True
         try:

@@ -38,6 +38,7 @@ from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 from conveyor.store import _scripts as scripts
 from conveyor.store._fairness import TenantMix
+from conveyor.store._pooling import Pooling
 from conveyor.store._queries import load_migrations
 from conveyor.store._reads import SharedReads
 from conveyor.store._scripted import ScriptedOps
@@ -68,6 +69,7 @@ from conveyor.store.postgres._dialect import DIALECT
 from conveyor.store.postgres._errors import translated
 from conveyor.store.postgres._lane import OneJobSubmits
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
+from conveyor.store.postgres._pooler import Route
 from conveyor.store.postgres._settle import Settles
 from conveyor.store.postgres._submit import (
     ApplicationSubmits,
@@ -153,9 +155,12 @@ class PostgresStore(ScriptedOps, SharedReads):
         clock: Callable[[], float] | None = None,
         migrate: bool = True,
         pool_size: int = _POOL_MAX,
+        pooling: Pooling | None = None,
     ) -> None:
         self.url = url
         self._params = parse_postgres_url(url)
+        self._route = Route(url, pooling or Pooling())
+        self._pooled = self._route.pooled
         self._clock = clock
         self._auto_migrate = migrate
         self._tenant_mix = TenantMix()
@@ -165,6 +170,11 @@ class PostgresStore(ScriptedOps, SharedReads):
         self._kwargs: dict[str, Any] = {
             k: v for k, v in CONNECTION_DEFAULTS.items() if k not in self._params
         }
+        if self._pooled:
+            # Through a transaction pooler the next statement may reach another server
+            # session, where a statement psycopg prepared would not exist (or would,
+            # under the same name, for another client): never prepare.
+            self._kwargs["prepare_threshold"] = None
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._tx_pool: ConnectionPool[SyncConnection] | None = None
         self._tx_threads: ThreadPoolExecutor | None = None
@@ -175,7 +185,8 @@ class PostgresStore(ScriptedOps, SharedReads):
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
         self._on_application = ApplicationSubmits(self._database)
-        self._one_job = OneJobSubmits(self._connect, self._run, self._where)
+        # The lane prepares its INSERT once per session: not through a transaction pooler.
+        self._one_job = OneJobSubmits(self._connect, self._run, self._where, lane=not self._pooled)
         self._settles = Settles(self._transaction, self._now)
 
     def __repr__(self) -> str:
@@ -287,12 +298,19 @@ class PostgresStore(ScriptedOps, SharedReads):
 
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
-        conn.execute(_Q["session_settings"])
+        if not self._pooled:
+            conn.execute(_Q["session_settings"])
         self._set_up(conn)
 
     async def _connected(self, conn: Connection) -> None:
-        """Set up a new pooled connection (and do not log its routine discarding)."""
-        await conn.execute(_Q["session_settings"])
+        """Set up a new pooled connection (and do not log its routine discarding).
+
+        Through a transaction pooler a session ``SET`` would stay on whichever server
+        connection ran it, for other clients, and be missing from the next: the
+        settings are then the role's or the database's (docs/postgres.md).
+        """
+        if not self._pooled:
+            await conn.execute(_Q["session_settings"])
         self._set_up(conn)
 
     def _set_up(self, conn: SyncConnection | Connection) -> None:
@@ -400,17 +418,32 @@ class PostgresStore(ScriptedOps, SharedReads):
 
     def _schema_version(self) -> int:
         with self._connect_sync() as conn:
+            self._route.check(conn, self._connect_sync)
             return schema_version(conn, self._where())
 
     async def migrate(self) -> list[str]:
-        """Apply pending migrations on a connection of its own, under an advisory lock."""
+        """Apply pending migrations on a connection of its own, under an advisory lock.
+
+        Through a transaction pooler this still is one transaction, which the pooler keeps
+        on one server connection; should it fail there, the message says to migrate on
+        the direct URL.
+        """
 
         def run() -> list[str]:
             with self._connect_sync() as conn:
                 schema_version(conn, self._where())  # refuses a database not conveyor's
                 return apply_migrations(conn, _MIGRATIONS, self._now())
 
-        applied = await asyncio.to_thread(run)
+        try:
+            applied = await asyncio.to_thread(run)
+        except psycopg.Error as exc:
+            if not self._pooled:
+                raise
+            raise DatabaseUnavailable(
+                f"migrating {self._where()} through the transaction pooler failed "
+                f"({reason(exc)}): run `conveyor migrate --database-url URL` with the "
+                "server's direct URL (not the pooler's), then start conveyor again"
+            ) from exc
         if applied:
             log.info("applied migrations to %s: %s", self._where(), ", ".join(applied))
         return applied
@@ -619,10 +652,17 @@ class PostgresStore(ScriptedOps, SharedReads):
         The first call starts a task that keeps a LISTEN connection open, reconnecting
         with backoff when it drops; polling by the caller covers the gap.
         """
+        if not self._route.listens:
+            await asyncio.sleep(self._route.polling(timeout))
+            return frozenset()
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(
                 listen_forever(
-                    self._connect, _Q["listen"], self._wake, self._cancelled, self._where
+                    self._route.connect_listen if self._route.listen_url else self._connect,
+                    _Q["listen"],
+                    self._wake,
+                    self._cancelled,
+                    self._route.where_listening if self._route.listen_url else self._where,
                 ),
                 name="conveyor-postgres-listen",
             )

@@ -525,6 +525,11 @@ SET idle_in_transaction_session_timeout = '15s';
 SET statement_timeout = '60s';
 SET TimeZone = 'UTC';
 
+-- name: backend_pid
+-- The server process serving this statement. Through a pooler it differs from the one the
+-- connection was told at start-up, and in transaction mode it changes between statements.
+SELECT pg_backend_pid() AS pid;
+
 -- name: listen
 -- Subscribe the notification connection to both wake-up channels.
 LISTEN conveyor_job_ready;

@@ -1,0 +1,165 @@
+"""Telling a direct connection from one through a transaction pooler.
+
+A server announces its process id when a connection starts (libpq's ``backend_pid``);
+``pg_backend_pid()`` names the process that runs a statement. Directly connected they are
+the same. Through a pooler (PgBouncer sends a made-up id) they differ, in any pool mode.
+Which mode: in session mode a client keeps its server connection, so two clients never
+share one; in transaction mode a server connection goes back to the pool after each
+transaction, and the next client to ask (PgBouncer hands out the most recently used
+first) gets it. Two clients that take turns and see the same server process prove
+transaction pooling; not seeing it (a busy pooler handing out others) proves nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from conveyor.errors import ConfigurationError, DatabaseUnavailable
+from conveyor.store._pooling import Pooling
+from conveyor.store.postgres._codec import Q
+from conveyor.store.postgres._connection import (
+    CONNECTION_DEFAULTS,
+    advice,
+    describe,
+    parse_postgres_url,
+    reason,
+    redact,
+)
+
+log = logging.getLogger("conveyor.store.postgres")
+
+# Turns the two probing connections take: enough for an idle or lightly used pooler.
+_TURNS = 4
+
+Direct = "direct"
+Pooled = "pooled"  # a pooler, mode unknown (session, or transaction not caught)
+Transaction = "transaction"
+
+
+def _server_pid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(Q["backend_pid"], prepare=False).fetchone()
+    if row is None:
+        raise RuntimeError("pg_backend_pid() returned no row")
+    return int(row["pid"] if isinstance(row, dict) else row[0])
+
+
+def route(conn: psycopg.Connection[Any], connect: Callable[[], psycopg.Connection[Any]]) -> str:
+    """Whether ``conn`` reaches its server directly, through a pooler, or through one in
+    transaction mode (``connect`` opens another connection on the same URL to find out)."""
+    first = _server_pid(conn)
+    if first == conn.info.backend_pid:
+        return Direct
+    mine, theirs = {first}, set[int]()
+    with connect() as other:
+        for _ in range(_TURNS):
+            pid = _server_pid(other)
+            if pid in mine:
+                return Transaction
+            theirs.add(pid)
+            pid = _server_pid(conn)
+            if pid in theirs:
+                return Transaction
+            mine.add(pid)
+    return Pooled
+
+
+class Route:
+    """How a store reaches its server: whether through a transaction pooler (checked
+    against what the server says), and the direct connection it LISTENs on, if any."""
+
+    def __init__(self, url: str, pooling: Pooling) -> None:
+        self.url = url
+        self.pooled = pooling.transaction
+        self.listen_url = pooling.listen_url
+        params = {} if self.listen_url is None else parse_postgres_url(self.listen_url)
+        self._kwargs: dict[str, Any] = {
+            k: v for k, v in CONNECTION_DEFAULTS.items() if k not in params
+        }
+        self._polling_said = False
+
+    @property
+    def listens(self) -> bool:
+        """Whether the store can LISTEN: not through a transaction pooler, unless it has
+        a listen URL."""
+        return not self.pooled or self.listen_url is not None
+
+    def polling(self, interval: float) -> float:
+        """Say once that wake-ups come by polling only; return how long to wait."""
+        if not self._polling_said:
+            self._polling_said = True
+            log.warning(
+                "no wake-ups: the database URL goes through a transaction pooler and no "
+                "listen URL is set, so new jobs and cancel requests are found by polling "
+                "every %gs; set CONVEYOR_LISTEN_URL (--listen-url) to a direct URL of the "
+                "database for wake-ups within milliseconds",
+                interval,
+            )
+        return interval
+
+    def check(
+        self, conn: psycopg.Connection[Any], connect: Callable[[], psycopg.Connection[Any]]
+    ) -> None:
+        """Refuse a URL that goes through a transaction pooler unless told so, and a
+        listen URL through one or to another database (``conn``: on the URL)."""
+        if not self.pooled and route(conn, connect) == Transaction:
+            raise ConfigurationError(
+                f"the database URL {redact(self.url)} goes through a connection pooler in "
+                "transaction mode (such as PgBouncer with pool_mode = transaction): its "
+                "server sessions change from one transaction to the next, which breaks "
+                "prepared statements, session settings and LISTEN. Set "
+                "CONVEYOR_POOLER=transaction (Conveyor(pooler='transaction'), --pooler "
+                "transaction), and CONVEYOR_LISTEN_URL to a direct URL for wake-ups; or "
+                "connect directly or through a session pooler"
+            )
+        url = self.listen_url
+        if url is None:
+            return
+        with self.connect_listen_sync() as listen:
+            if route(listen, self.connect_listen_sync) == Transaction:
+                raise ConfigurationError(
+                    f"the listen URL {redact(url)} goes through a transaction pooler: LISTEN "
+                    "needs a session of its own on the server, so give a direct URL (the "
+                    "server's host and port, not the pooler's) in CONVEYOR_LISTEN_URL"
+                )
+            ours = conn.execute(Q["database_identity"], prepare=False).fetchone()
+            theirs = listen.execute(Q["database_identity"], prepare=False).fetchone()
+        if ours is None or theirs is None or dict(ours) != dict(theirs):
+            what = theirs["database"] if theirs is not None else "?"
+            raise ConfigurationError(
+                f"the listen URL {redact(url)} is to database {what!r} (or another server), "
+                f"not to the application's {describe(parse_postgres_url(self.url))}: "
+                "wake-ups would never come. Point CONVEYOR_LISTEN_URL at the same "
+                "database, directly"
+            )
+
+    def _failed(self, exc: psycopg.OperationalError) -> DatabaseUnavailable:
+        why = reason(exc)
+        return DatabaseUnavailable(
+            f"cannot connect to the listen URL {redact(self.listen_url or '')}: {why}. "
+            f"{advice(why).replace('CONVEYOR_DATABASE_URL', 'CONVEYOR_LISTEN_URL')}"
+        )
+
+    def connect_listen_sync(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(
+                self.listen_url or "", autocommit=True, row_factory=dict_row, **self._kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise self._failed(exc) from None
+
+    async def connect_listen(self) -> psycopg.AsyncConnection[Any]:
+        """Open a connection on the listen URL, or raise DatabaseUnavailable."""
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.listen_url or "", autocommit=True, row_factory=dict_row, **self._kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise self._failed(exc) from None
+
+    def where_listening(self) -> str:
+        return describe(parse_postgres_url(self.listen_url or ""))
