@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from chaos.app import GLOBAL_LIMIT, KEY_LIMIT
 from chaos.harness import ROOT, Run, Worker, WorkerOptions
 from chaos.infra import SmallDisk, faketime_env
 from conveyor.errors import ConveyorError
+from tests.pgbouncer import pgbouncer
 
 BOTH = ("sqlite", "postgres")
 
@@ -483,6 +485,61 @@ async def recovery_defaults(run: Run) -> None:
     await _finish(run, timeout=240)
 
 
+# -- workers through PgBouncer in transaction mode, with kills ---------------------------------
+
+# What a worker logs when session state was lost under it (a prepared statement, a session
+# SET, LISTEN) through a transaction pooler.
+_SESSION_ERRORS = re.compile(
+    r"prepared statement|_pg3_|DuplicatePreparedStatement|InvalidSqlStatementName|"
+    r"unrecognized configuration parameter|does not exist|cannot (claim|settle|record)"
+)
+
+
+async def pgbouncer_drain(run: Run) -> None:
+    """Workers reach the private server through Debian's PgBouncer (pool_mode =
+    transaction, 6 server connections) with ``--pooler transaction`` and LISTEN on the
+    direct URL; busy workers are SIGKILLed and replaced while they drain."""
+    r = rng(run)
+    direct = run.url
+    env = {"CONVEYOR_POOLER": "transaction", "CONVEYOR_LISTEN_URL": direct}
+    with pgbouncer(direct, pool_size=6) as bouncer:
+        app = await run.client()
+        # Submits go through the pooler too. The harness starts workers on run.url, and the
+        # checker reads it once the scenario is over: the pooler's while it runs.
+        app.use_database(bouncer.url, pooler="transaction", listen_url=direct)
+        run.url = bouncer.url
+        try:
+            for _ in range(scale(run, 4, 12)):
+                await run.start_worker(env=env, ready=False)
+            for worker in list(run.workers):
+                await run.wait_ready(worker)
+            jobs = scale(run, 400, 3000)
+            await run.submit("work", [{"steps": 1, "period": 0.01} for _ in range(jobs)])
+            await run.submit(
+                "work", [{"steps": 6, "period": 0.1, "every": 2} for _ in range(scale(run, 8, 40))]
+            )
+            for _ in range(scale(run, 2, 6)):
+                await asyncio.sleep(r.uniform(0.5, 2.0))
+                victim = await _busy_worker(run, r)
+                if victim is None:
+                    break
+                run.kill(victim)
+                await run.start_worker(env=env, ready=False)
+            await _finish(run)
+        finally:
+            run.url = direct
+            await app.close()
+            app.use_database(direct, pooler="none", listen_url="")
+    for worker in run.workers:
+        lines = worker.log.read_text(errors="replace").splitlines()
+        bad = [line for line in lines if _SESSION_ERRORS.search(line)]
+        if bad:
+            run.violations.append(
+                f"worker {worker.pid} logged {len(bad)} session errors through PgBouncer, "
+                f"the first: {bad[0]}"
+            )
+
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         "kill-drain",
@@ -587,5 +644,14 @@ SCENARIOS: list[Scenario] = [
         recovery_defaults,
         short=False,
         options=WorkerOptions(defaults=True),
+    ),
+    Scenario(
+        "pgbouncer-drain",
+        "workers x 8 through PgBouncer (transaction mode, 6 server connections), LISTEN on "
+        "the direct URL; busy workers SIGKILLed and replaced mid-drain",
+        ("no job lost", "one live run", "fenced writes"),
+        pgbouncer_drain,
+        backends=("postgres",),
+        options=WorkerOptions(lease=6.0, concurrency=8),
     ),
 ]

@@ -88,6 +88,7 @@ def _listeners(direct_url: str) -> int:
     with psycopg.connect(direct_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() "
             "AND query LIKE '%LISTEN conveyor_job_ready%'"
         ).fetchone()
     return int(row[0]) if row else 0
