@@ -48,7 +48,9 @@ class Bouncer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def _config(database: str, target: dict[str, str], port: int, where: Path, pool: int) -> str:
+def _config(
+    database: str, target: dict[str, str], port: int, where: Path, pool: int, mode: str
+) -> str:
     host = target.get("host", "127.0.0.1")
     server = f"host={host} port={target.get('port', '5432')} dbname={database}"
     return f"""\
@@ -61,7 +63,7 @@ listen_port = {port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {where / "users.txt"}
-pool_mode = transaction
+pool_mode = {mode}
 default_pool_size = {pool}
 min_pool_size = 0
 reserve_pool_size = 0
@@ -76,8 +78,10 @@ admin_users = postgres
 
 
 @contextlib.contextmanager
-def pgbouncer(database_url: str, *, pool_size: int = 6, timeout: float = 30.0) -> Iterator[Bouncer]:
-    """Run PgBouncer (transaction mode, ``pool_size`` server connections) for the
+def pgbouncer(
+    database_url: str, *, pool_size: int = 6, mode: str = "transaction", timeout: float = 30.0
+) -> Iterator[Bouncer]:
+    """Run PgBouncer (``mode``: its pool_mode, ``pool_size`` server connections) for the
     database of ``database_url``; yield its URLs once it accepts connections."""
     import psycopg
 
@@ -96,7 +100,7 @@ def pgbouncer(database_url: str, *, pool_size: int = 6, timeout: float = 30.0) -
     port = free_port()
     config = where / "pgbouncer.ini"
     config.write_text(
-        _config(database, {k: str(v) for k, v in target.items()}, port, where, pool_size)
+        _config(database, {k: str(v) for k, v in target.items()}, port, where, pool_size, mode)
     )
     for path in where.iterdir():
         os.chown(path, postgres.pw_uid, postgres.pw_gid)

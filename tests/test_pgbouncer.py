@@ -286,3 +286,19 @@ def test_pooler_settings_are_checked_when_built() -> None:
         Conveyor("sqlite:///jobs.db", pooler="transaction")
     with pytest.raises(ConfigurationError, match="malformed PostgreSQL URL"):
         Conveyor("postgresql://app@db/jobs", listen_url="postgresql://app@db:notaport/jobs")
+
+
+async def test_a_session_pooler_needs_no_setting(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In session mode a client keeps its server session: conveyor works as if direct,
+    and says once that a pooler is in between (its mode could not be proved)."""
+    with pgbouncer(postgres_database, pool_size=6, mode="session") as session_pooler:
+        app = _client(session_pooler)
+        app.use_database(session_pooler.url, pooler="none")
+        try:
+            job = await app.submit("sleepy", {"seconds": 0})
+            assert (await app.get(job.id)).status.value == "queued"
+        finally:
+            await app.close()
+    assert "goes through a connection pooler; if it pools by transaction" in caplog.text

@@ -39,6 +39,8 @@ _TURNS = 4
 Direct = "direct"
 Pooled = "pooled"  # a pooler, mode unknown (session, or transaction not caught)
 Transaction = "transaction"
+# URLs found to go through a pooler of unknown mode: said once per process, not per store.
+_POOLERS_SAID: set[str] = set()
 
 
 def _server_pid(conn: psycopg.Connection[Any]) -> int:
@@ -106,7 +108,16 @@ class Route:
     ) -> None:
         """Refuse a URL that goes through a transaction pooler unless told so, and a
         listen URL through one or to another database (``conn``: on the URL)."""
-        if not self.pooled and route(conn, connect) == Transaction:
+        found = Direct if self.pooled else route(conn, connect)
+        if found == Pooled and self.url not in _POOLERS_SAID:
+            _POOLERS_SAID.add(self.url)
+            log.warning(
+                "the database URL %s goes through a connection pooler; if it pools by "
+                "transaction (PgBouncer's pool_mode = transaction), set "
+                "CONVEYOR_POOLER=transaction and CONVEYOR_LISTEN_URL",
+                redact(self.url),
+            )
+        if found == Transaction:
             raise ConfigurationError(
                 f"the database URL {redact(self.url)} goes through a connection pooler in "
                 "transaction mode (such as PgBouncer with pool_mode = transaction): its "
