@@ -262,11 +262,7 @@ class Conveyor:
         is refused while a store is open on a running event loop: jobs would be split
         between two databases.
         """
-        pooling = Pooling.configured(
-            pooler=(self.pooling.mode or "") if pooler is None else pooler,
-            listen_url=self.pooling.listen_url if listen_url is None else listen_url or None,
-            environ={},
-        )
+        pooling = self.pooling.changed(pooler=pooler, listen_url=listen_url)
         if url == self.url and pooling == self.pooling:
             return
         create_store(url, clock=self.clock, migrate=self.migrate_on_open, pooling=pooling)

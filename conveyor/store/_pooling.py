@@ -83,6 +83,19 @@ class Pooling:
             )
         return cls(mode=mode, listen_url=listen_url)
 
+    def changed(self, *, pooler: str | None, listen_url: str | None) -> Pooling:
+        """This pooling with what is given changed (None keeps it; ``""`` unsets a
+        listen URL, ``"none"`` the pooler), from the command line, say.
+
+        >>> Pooling(mode="transaction").changed(pooler="none", listen_url=None).mode is None
+        True
+        """
+        return Pooling.configured(
+            pooler=(self.mode or "") if pooler is None else pooler,
+            listen_url=self.listen_url if listen_url is None else listen_url or None,
+            environ={},
+        )
+
     @property
     def configured_any(self) -> bool:
         return self.mode is not None or self.listen_url is not None

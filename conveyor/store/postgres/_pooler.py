@@ -12,9 +12,10 @@ transaction pooling; not seeing it (a busy pooler handing out others) proves not
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -26,10 +27,13 @@ from conveyor.store.postgres._connection import (
     CONNECTION_DEFAULTS,
     advice,
     describe,
+    listen_forever,
     parse_postgres_url,
     reason,
     redact,
 )
+
+T = TypeVar("T")
 
 log = logging.getLogger("conveyor.store.postgres")
 
@@ -83,6 +87,30 @@ class Route:
             k: v for k, v in CONNECTION_DEFAULTS.items() if k not in params
         }
         self._polling_said = False
+
+    def connect_kwargs(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """psycopg's connection settings for the URL of ``params`` (what it leaves unset)."""
+        kwargs: dict[str, Any] = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in params}
+        if self.pooled:
+            # Through a transaction pooler the next statement may reach another server
+            # session, where a statement psycopg prepared would not exist (or would,
+            # under the same name, for another client): never prepare.
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+    async def migrating(self, migrations: Awaitable[T], where: str) -> T:
+        """Await ``migrations``; through a transaction pooler, a failure says to migrate
+        on the direct URL."""
+        try:
+            return await migrations
+        except psycopg.Error as exc:
+            if not self.pooled:
+                raise
+            raise DatabaseUnavailable(
+                f"migrating {where} through the transaction pooler failed ({reason(exc)}): "
+                "run `conveyor migrate --database-url URL` with the server's direct URL "
+                "(not the pooler's), then start conveyor again"
+            ) from exc
 
     @property
     def listens(self) -> bool:
@@ -174,3 +202,56 @@ class Route:
 
     def where_listening(self) -> str:
         return describe(parse_postgres_url(self.listen_url or ""))
+
+
+class Wakeups:
+    """A store's wake-ups: a task that keeps a LISTEN connection (on the listen URL when
+    there is one) and what it heard, or polling alone through a transaction pooler
+    without a listen URL."""
+
+    def __init__(
+        self,
+        route: Route,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        where: Callable[[], str],
+    ) -> None:
+        self._route = route
+        self._connect = route.connect_listen if route.listen_url else connect
+        self._where = route.where_listening if route.listen_url else where
+        self._listener: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._cancelled: set[str] = set()
+
+    async def wait(self, timeout: float) -> frozenset[str]:
+        """Wait for a notification (new work or a cancel request), or ``timeout`` seconds;
+        return the ids of the jobs whose cancel was asked for meanwhile.
+
+        The first call starts a task that keeps a LISTEN connection open, reconnecting
+        with backoff when it drops; polling by the caller covers the gap.
+        """
+        if not self._route.listens:
+            await asyncio.sleep(self._route.polling(timeout))
+            return frozenset()
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(
+                listen_forever(
+                    self._connect, Q["listen"], self._wake, self._cancelled, self._where
+                ),
+                name="conveyor-postgres-listen",
+            )
+        if not self._wake.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+        self._wake.clear()
+        cancelled = frozenset(self._cancelled)
+        self._cancelled.clear()  # the listener holds this set
+        return cancelled
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)

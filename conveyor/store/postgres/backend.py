@@ -55,12 +55,10 @@ from conveyor.store.postgres._codec import (
     utc,
 )
 from conveyor.store.postgres._connection import (
-    CONNECTION_DEFAULTS,
     OUR_CONNECTIONS,
     QUIET_POOLS,
     advice,
     describe,
-    listen_forever,
     parse_postgres_url,
     reason,
     redact,
@@ -69,7 +67,7 @@ from conveyor.store.postgres._dialect import DIALECT
 from conveyor.store.postgres._errors import translated
 from conveyor.store.postgres._lane import OneJobSubmits
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
-from conveyor.store.postgres._pooler import Route
+from conveyor.store.postgres._pooler import Route, Wakeups
 from conveyor.store.postgres._settle import Settles
 from conveyor.store.postgres._submit import (
     ApplicationSubmits,
@@ -160,33 +158,25 @@ class PostgresStore(ScriptedOps, SharedReads):
         self.url = url
         self._params = parse_postgres_url(url)
         self._route = Route(url, pooling or Pooling())
-        self._pooled = self._route.pooled
         self._clock = clock
         self._auto_migrate = migrate
         self._tenant_mix = TenantMix()
         if pool_size < 1:
             raise ConfigurationError("pool_size must be at least 1")
         self._pool_size = pool_size
-        self._kwargs: dict[str, Any] = {
-            k: v for k, v in CONNECTION_DEFAULTS.items() if k not in self._params
-        }
-        if self._pooled:
-            # Through a transaction pooler the next statement may reach another server
-            # session, where a statement psycopg prepared would not exist (or would,
-            # under the same name, for another client): never prepare.
-            self._kwargs["prepare_threshold"] = None
+        self._kwargs = self._route.connect_kwargs(self._params)
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._tx_pool: ConnectionPool[SyncConnection] | None = None
         self._tx_threads: ThreadPoolExecutor | None = None
         self._checking: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._cancelled: set[str] = set()
+        self._wakeups = Wakeups(self._route, self._connect, self._where)
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
         self._on_application = ApplicationSubmits(self._database)
         # The lane prepares its INSERT once per session: not through a transaction pooler.
-        self._one_job = OneJobSubmits(self._connect, self._run, self._where, lane=not self._pooled)
+        self._one_job = OneJobSubmits(
+            self._connect, self._run, self._where, lane=not self._route.pooled
+        )
         self._settles = Settles(self._transaction, self._now)
 
     def __repr__(self) -> str:
@@ -298,7 +288,7 @@ class PostgresStore(ScriptedOps, SharedReads):
 
     def _connected_sync(self, conn: SyncConnection) -> None:
         """Set up a new connection of the transaction pool."""
-        if not self._pooled:
+        if not self._route.pooled:
             conn.execute(_Q["session_settings"])
         self._set_up(conn)
 
@@ -309,7 +299,7 @@ class PostgresStore(ScriptedOps, SharedReads):
         connection ran it, for other clients, and be missing from the next: the
         settings are then the role's or the database's (docs/postgres.md).
         """
-        if not self._pooled:
+        if not self._route.pooled:
             await conn.execute(_Q["session_settings"])
         self._set_up(conn)
 
@@ -434,26 +424,17 @@ class PostgresStore(ScriptedOps, SharedReads):
                 schema_version(conn, self._where())  # refuses a database not conveyor's
                 return apply_migrations(conn, _MIGRATIONS, self._now())
 
-        try:
-            applied = await asyncio.to_thread(run)
-        except psycopg.Error as exc:
-            if not self._pooled:
-                raise
-            raise DatabaseUnavailable(
-                f"migrating {self._where()} through the transaction pooler failed "
-                f"({reason(exc)}): run `conveyor migrate --database-url URL` with the "
-                "server's direct URL (not the pooler's), then start conveyor again"
-            ) from exc
+        applied = await self._route.migrating(asyncio.to_thread(run), self._where())
         if applied:
             log.info("applied migrations to %s: %s", self._where(), ", ".join(applied))
         return applied
 
     async def close(self) -> None:
-        tasks = [t for t in (self._listener, self._checking) if t is not None]
-        self._listener = self._checking = None
+        tasks = [t for t in (self._checking,) if t is not None]
+        self._checking = None
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, self._wakeups.close(), return_exceptions=True)
         await self._one_job.close()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -652,30 +633,7 @@ class PostgresStore(ScriptedOps, SharedReads):
         The first call starts a task that keeps a LISTEN connection open, reconnecting
         with backoff when it drops; polling by the caller covers the gap.
         """
-        if not self._route.listens:
-            await asyncio.sleep(self._route.polling(timeout))
-            return frozenset()
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.get_running_loop().create_task(
-                listen_forever(
-                    self._route.connect_listen if self._route.listen_url else self._connect,
-                    _Q["listen"],
-                    self._wake,
-                    self._cancelled,
-                    self._route.where_listening if self._route.listen_url else self._where,
-                ),
-                name="conveyor-postgres-listen",
-            )
-        if not self._wake.is_set():
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-        self._wake.clear()
-        cancelled = frozenset(self._cancelled)
-        self._cancelled.clear()  # the listener holds this set
-        return cancelled
+        return await self._wakeups.wait(timeout)
 
     def _where(self) -> str:
         return describe(self._params)
