@@ -8,7 +8,10 @@ for a worker that can run it.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -71,6 +74,16 @@ async def test_an_old_worker_never_spends_an_attempt_of_a_type_it_lacks(
         assert await job.attempts() == []
     assert {r.pid for r in workers.records() if r.job_id in {j.id for j in later}} == {old.pid}
     assert "no handler for job type" not in workers.log(0)
+    # And status says why they wait.
+    status = subprocess.run(
+        [sys.executable, "-m", "conveyor", "status", "--database-url", release.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="1000"),
+    )
+    assert "5 jobs waiting for type 'build_report', which no live worker serves" in status.stdout
+    assert [(t.type, t.queued) for t in await release.unserved_types()] == [("build_report", 5)]
 
     # The new release's worker comes back and runs them.
     back = workers.start(*OPTIONS, app=NEW)
@@ -85,3 +98,25 @@ async def test_an_old_worker_never_spends_an_attempt_of_a_type_it_lacks(
 async def _ran_on(job: JobHandle) -> set[int]:
     """The pids of the workers that spent the job's attempts (worker ids hold the pid)."""
     return {int((a.worker_id or "").split("-")[-2]) for a in await job.attempts()}
+
+
+async def test_a_killed_worker_leaves_the_verdict_after_its_forget_window(
+    release: Conveyor, workers: WorkerProcesses
+) -> None:
+    healthy = workers.start(*OPTIONS, "--prune-interval", "0.2", app=NEW)
+    doomed = workers.start("--lease", "1", "--forget-after", "4", app=NEW)
+    await workers.wait_registered()
+    doomed_id = next(w.id for w in await release.workers() if w.pid == doomed.pid)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(10)
+    async with asyncio.timeout(60):
+        while (await release.health()).counts.dead_workers != 1:  # silent past its lease
+            await asyncio.sleep(0.1)
+        assert (await release.health()).status == "degraded"
+        # Past its forget window: healthy again while the healthy worker runs, and the
+        # healthy worker's duty removes it from the registry.
+        while (await release.health()).status != "healthy":
+            await asyncio.sleep(0.1)
+        while doomed_id in {w.id for w in await release.workers()}:
+            await asyncio.sleep(0.1)
+    assert healthy.poll() is None

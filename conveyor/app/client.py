@@ -84,6 +84,7 @@ from conveyor.store import (
     ScheduleInfo,
     Store,
     Submitted,
+    UnservedType,
     WorkerInfo,
     create_store,
 )
@@ -504,6 +505,11 @@ class Conveyor:
 
     async def workers(self) -> list[WorkerInfo]:
         return await (await self.store()).workers()
+
+    async def unserved_types(self) -> list[UnservedType]:
+        """The types of queued jobs that no live worker serves (during a rolling deploy:
+        a type only the new release knows, while only old workers run)."""
+        return await (await self.store()).unserved_types()
 
     async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
         return await (await self.store()).queues(tenant=tenant)

@@ -68,6 +68,7 @@ from conveyor.store.protocol import (
     MinuteStats,
     QueueInfo,
     ScheduleInfo,
+    UnservedType,
     WorkerInfo,
 )
 
@@ -481,6 +482,10 @@ class TenantView:
         if self.principal.is_admin:
             return await self.app.queues()
         return await self.app.queues(tenant=self.principal.tenant)
+
+    async def unserved_types(self) -> list[UnservedType]:
+        """The types no live worker serves: an admin's concern (none for a tenant)."""
+        return await self.app.unserved_types() if self.principal.is_admin else []
 
     async def workers(self) -> list[WorkerInfo]:
         """The workers; a principal that is not an admin does not see hosts and pids."""

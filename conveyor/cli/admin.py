@@ -202,14 +202,19 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
         worker_document,
         workers_table,
     )
-    from conveyor.core.health import queue_not_served, unserved_queues
+    from conveyor.core.health import queue_not_served, type_not_served, unserved_queues
 
     app = app_from(app_spec, database_url, must_exist=True)
 
-    async def go() -> tuple[Health, list[Any], list[Any]]:
-        return await app.health(), await app.queues(), await app.workers()
+    async def go() -> tuple[Health, list[Any], list[Any], list[Any]]:
+        return (
+            await app.health(),
+            await app.queues(),
+            await app.workers(),
+            await app.unserved_types(),
+        )
 
-    health, queues, workers = run_command(go())
+    health, queues, workers, types = run_command(go())
     now = health.counts.now
     hint = _health_hint(health, app_spec)
     unserved = unserved_queues(
@@ -223,6 +228,7 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
                 "health": health.to_dict(),
                 "hint": hint,
                 "unserved_queues": unserved,
+                "unserved_types": {t.type: t.queued for t in types},
                 "queues": queues,
                 "workers": [worker_document(w, now) for w in workers],
             }
@@ -242,6 +248,8 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
     for queue, n in unserved.items():
         what = f"{n} job{'' if n == 1 else 's'}"
         console.print(f"[yellow]note:[/] {queue_not_served(queue, what)}", highlight=False)
+    for t in types:
+        console.print(f"[yellow]note:[/] {type_not_served(t.type, t.queued)}", highlight=False)
     console.print(queues_table(queues))
     console.print(workers_table(workers, now))
 

@@ -95,6 +95,14 @@ if TYPE_CHECKING:
     show_default=True,
     help="Time between prunes of finished jobs past their retention.",
 )
+@click.option(
+    "--forget-after",
+    type=DURATION,
+    default="1h",
+    show_default=True,
+    help="A worker silent this long (dead or stopped) is forgotten by the registry; "
+    "health counts a dead worker only until then. Longer than --lease.",
+)
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 @log_format_option
 @click.option(
@@ -129,6 +137,7 @@ def worker(
     rescue_interval: float,
     cron_interval: float,
     prune_interval: float,
+    forget_after: float,
     burst: bool,
     log_format: str,
     metrics_port: int | None,
@@ -157,6 +166,7 @@ def worker(
             rescue_interval=rescue_interval,
             cron_interval=cron_interval,
             prune_interval=prune_interval,
+            forget_after=forget_after,
             burst=burst,
             metrics=count_metrics,
         )

@@ -130,6 +130,20 @@ def unserved_queues(
     return {q: n for q, n in sorted(queued.items()) if n and q not in served and q not in skip}
 
 
+def type_not_served(job_type: str, queued: int) -> str:
+    """Say that jobs of a type no live worker has a handler for wait, and what to do.
+
+    >>> print(type_not_served("build_report", 3))  # doctest: +NORMALIZE_WHITESPACE
+    3 jobs waiting for type 'build_report', which no live worker serves: start a worker
+    whose application has its handler (a rolling deploy not finished?)
+    """
+    what = f"{queued} job{'' if queued == 1 else 's'}"
+    return (
+        f"{what} waiting for type {job_type!r}, which no live worker serves: start a worker "
+        "whose application has its handler (a rolling deploy not finished?)"
+    )
+
+
 def queue_not_served(queue: str, what: str) -> str:
     """Say that ``what`` (``"2 jobs"``, ``"this job"``) sits in a queue no live worker
     serves, and what to do.

@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from conveyor.app.tenants import TenantView
 from conveyor.core.auth import Role
 from conveyor.core.filter import JobFilter
-from conveyor.core.health import queue_not_served, unserved_queues
+from conveyor.core.health import queue_not_served, type_not_served, unserved_queues
 from conveyor.core.ids import sibling_order
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job
@@ -340,7 +340,8 @@ async def overview(request: Request) -> Response:
         statuses=STATUSES,
         paused=[q.name for q in queues if q.paused],
         unserved=[
-            queue_not_served(q, f"{n} job{'' if n == 1 else 's'}") for q, n in unserved.items()
+            *(queue_not_served(q, f"{n} job{'' if n == 1 else 's'}") for q, n in unserved.items()),
+            *(type_not_served(t.type, t.queued) for t in await view.unserved_types()),
         ],
         workers=[w for w in workers if w.stopped_at is None][:20],
         running=per_worker,
