@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         Retention,
         ScheduleInfo,
         Store,
+        UnservedType,
         WorkerInfo,
     )
     from conveyor.store.protocol import AuditEntry, JobEvent, MinuteStats
@@ -115,6 +116,7 @@ _EXPORTS = {
     "Retention": "conveyor.store",
     "ScheduleInfo": "conveyor.store",
     "Store": "conveyor.store",
+    "UnservedType": "conveyor.store",
     "WorkerInfo": "conveyor.store",
     "Cancel": "conveyor.worker.context",
     "JobContext": "conveyor.worker.context",
@@ -194,6 +196,7 @@ __all__ = [
     "Token",
     "TreeCounts",
     "UnknownJobType",
+    "UnservedType",
     "Worker",
     "WorkerInfo",
     "WorkerOptions",
