@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ from conveyor.core.auth import Principal, Role
 from conveyor.core.filter import JobFilter
 from conveyor.core.model import NewJob
 from conveyor.errors import Forbidden, InvalidDependency
+from conveyor.store.protocol import MinuteStats
+from tests.helpers import running_worker, settled
 
 
 def view(app: Conveyor, tenant: str, role: Role = Role.WRITE) -> TenantView:
@@ -132,3 +135,21 @@ async def test_only_unfinished_jobs_cancel_and_only_ended_ones_retry(typed: Conv
         await acme.cancel(job.id)
     again = await acme.retry(job.id)
     assert again.retry_of == job.id and again.tenant == "acme"
+
+
+async def test_a_tenant_sees_the_throughput_of_its_own_jobs_only(typed: Conveyor) -> None:
+    admin = view(typed, "root", Role.ADMIN)
+    [(mine, _), (theirs, _), (again, _)] = await admin.submit(
+        [add(tenant="acme"), add(tenant="globex"), add(a=4, tenant="globex")]
+    )
+    async with running_worker(typed):
+        for handle in (mine, theirs, again):
+            await settled(handle, Status.SUCCEEDED)
+    since = (await (await typed.store()).now()) - timedelta(hours=1)
+
+    def ended(stats: list[MinuteStats]) -> int:
+        return sum(m.succeeded for m in stats)
+
+    assert ended(await view(typed, "acme").minute_stats(since)) == 1
+    assert ended(await view(typed, "globex").minute_stats(since)) == 2
+    assert ended(await admin.minute_stats(since)) == 3

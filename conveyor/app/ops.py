@@ -71,9 +71,12 @@ class Operations:
             tenant=tenant, before_id=before_id, limit=limit
         )
 
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        """Jobs ended and failed, and their mean queue wait, per minute since ``since``."""
-        return await (await self._app.store()).minute_stats(since)
+    async def minute_stats(
+        self, since: datetime, *, tenant: str | None = None
+    ) -> list[MinuteStats]:
+        """Jobs ended and failed, and their mean queue wait, per minute since ``since``:
+        across the cluster, or of ``tenant``'s jobs only."""
+        return await (await self._app.store()).minute_stats(since, tenant=tenant)
 
     async def locks(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lock (``app.lease``) with its current and last holders, newest first."""

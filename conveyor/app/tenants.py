@@ -551,8 +551,11 @@ class TenantView:
         ]
 
     async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        """What ended per minute since ``since``, across the cluster."""
-        return await self.app.ops.minute_stats(since)
+        """What ended per minute since ``since``: of the tenant's jobs, unless an admin (then
+        across the cluster). Another tenant's throughput is not the principal's to see."""
+        if self.principal.is_admin:
+            return await self.app.ops.minute_stats(since)
+        return await self.app.ops.minute_stats(since, tenant=self.principal.tenant)
 
     # -- the audit log ----------------------------------------------------------------------
 

@@ -61,8 +61,16 @@ class SharedReads(ABC):
         rows = await self._fetch("audit_log" if tenant is None else "tenant_audit_log", params)
         return [scripts.audit_entry(self.dialect, r) for r in rows]
 
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
-        rows = await self._fetch("minute_stats", {"since": self._time_param(since)})
+    async def minute_stats(
+        self, since: datetime, *, tenant: str | None = None
+    ) -> list[MinuteStats]:
+        since_param = self._time_param(since)
+        if tenant is None:
+            rows = await self._fetch("minute_stats", {"since": since_param})
+        else:
+            rows = await self._fetch(
+                "tenant_minute_stats", {"since": since_param, "tenant": tenant}
+            )
         return [scripts.minute_stats(self.dialect, r) for r in rows]
 
     async def health(self) -> HealthCounts:

@@ -449,9 +449,12 @@ class Store(Protocol):
     ) -> list[AuditEntry]:
         """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
 
-    async def minute_stats(self, since: datetime) -> list[MinuteStats]:
+    async def minute_stats(
+        self, since: datetime, *, tenant: str | None = None
+    ) -> list[MinuteStats]:
         """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
-        queue wait, read by a range of the index on ``finished_at``."""
+        queue wait, read by a range of the index on ``finished_at``; of ``tenant``'s jobs
+        only when one is named."""
 
     async def lease_names(self, *, limit: int = 200) -> list[str]:
         """Return the names of named leases ever taken, by name."""

@@ -134,3 +134,16 @@ async def test_tokens_expire_and_rotate_with_a_grace_and_servers_share_a_secret(
     assert secret is not None and len(secret) >= 32
     assert await store.server_secret("cursor") == secret  # made once, by the migration
     assert await store.server_secret("nothing") is None
+
+
+async def test_minute_stats_of_a_tenant_count_its_jobs_only(store: Store, clock: FakeClock) -> None:
+    await store.submit([new("acme/a1", tenant="acme"), new("acme/a2", tenant="acme")])
+    await store.submit([new("globex/g1", tenant="globex")])
+    for job in await claim(store):
+        done = Settlement(job.id, job.lease_token, Status.SUCCEEDED, Outcome.SUCCEEDED)
+        await store.settle([done])
+    since = datetime.fromtimestamp(clock.now - 3600, UTC)
+    assert sum(m.succeeded for m in await store.minute_stats(since)) == 3
+    assert sum(m.succeeded for m in await store.minute_stats(since, tenant="acme")) == 2
+    assert sum(m.succeeded for m in await store.minute_stats(since, tenant="globex")) == 1
+    assert await store.minute_stats(since, tenant="initech") == []

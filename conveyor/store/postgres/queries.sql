@@ -1399,6 +1399,17 @@ WHERE finished_at IS NOT NULL AND finished_at >= %(since)s
 GROUP BY 1
 ORDER BY 1;
 
+-- name: tenant_minute_stats
+-- One tenant's minute_stats: the same range of conveyor_jobs_finished_at, its rows only.
+SELECT date_trunc('minute', finished_at) AS minute,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       extract(epoch FROM avg(started_at - run_at))::float8 AS wait
+FROM conveyor_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s AND tenant = %(tenant)s
+GROUP BY 1
+ORDER BY 1;
+
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT %(limit)s;

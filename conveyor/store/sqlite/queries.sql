@@ -976,6 +976,17 @@ WHERE finished_at IS NOT NULL AND finished_at >= :since
 GROUP BY minute
 ORDER BY minute;
 
+-- name: tenant_minute_stats
+-- One tenant's minute_stats: the same range of conveyor_jobs_finished_at, its rows only.
+SELECT CAST(finished_at / 60 AS INTEGER) * 60 AS minute,
+       sum(status = 'succeeded') AS succeeded,
+       sum(status = 'failed') AS failed,
+       avg(started_at - run_at) AS wait
+FROM conveyor_jobs INDEXED BY conveyor_jobs_finished_at
+WHERE finished_at IS NOT NULL AND finished_at >= :since AND tenant = :tenant
+GROUP BY minute
+ORDER BY minute;
+
 -- name: lease_names
 -- Names of the named leases ever taken.
 SELECT name FROM conveyor_leases ORDER BY name LIMIT :limit;
