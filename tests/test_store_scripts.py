@@ -1,4 +1,4 @@
-"""The transaction scripts written once (conveyor/store/_scripts.py) and their runners.
+"""The transaction scripts written once (conveyor/store/scripts/) and their runners.
 
 Every query a script names exists in both dialects' queries.sql; on PostgreSQL, a
 transaction runs to its end off the event loop, so a blocked loop holds no row lock.
@@ -7,7 +7,9 @@ transaction runs to its end off the event loop, so a blocked loop holds no row l
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
+import pkgutil
 import re
 import sqlite3
 import threading
@@ -20,7 +22,7 @@ import pytest
 
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob, Outcome, Settlement
-from conveyor.store import _scripts
+from conveyor.store import scripts
 from conveyor.store._queries import load_queries
 from conveyor.store.protocol import Lease
 from conveyor.store.sqlite import SQLiteStore
@@ -33,7 +35,13 @@ _NAMED = re.compile(r'yield \(?\s*"(\w+)"')
 
 
 def test_every_query_a_script_names_exists_in_both_dialects() -> None:
-    names = set(_NAMED.findall(inspect.getsource(_scripts)))
+    names = {
+        name
+        for part in pkgutil.iter_modules(scripts.__path__)
+        for name in _NAMED.findall(
+            inspect.getsource(importlib.import_module(f"{scripts.__name__}.{part.name}"))
+        )
+    }
     assert "now" in names and "finish_waiting" in names  # the pattern finds the steps
     for package in ("conveyor.store.sqlite", "conveyor.store.postgres"):
         missing = names - set(load_queries(package))

@@ -1,5 +1,5 @@
 """Fair claiming across tenants, and the operator's per-tenant limits: the claim's one
-piece that knows of tenants, kept apart from the rest of the claim (store/_scripts.py).
+piece that knows of tenants, kept apart from the rest of the claim (store/scripts/claim.py).
 
 Priority orders jobs within a tenant, not across tenants: when jobs of two or more
 tenants are queued, a claim takes each tenant's next job in turn (the first pick rotates

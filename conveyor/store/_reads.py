@@ -12,8 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.core.auth import Token
-from conveyor.store import _scripts as scripts
-from conveyor.store._scripts import Dialect
+from conveyor.store import scripts
 from conveyor.store.protocol import (
     AuditEntry,
     HealthCounts,
@@ -24,6 +23,7 @@ from conveyor.store.protocol import (
     UnservedType,
     WorkerInfo,
 )
+from conveyor.store.scripts import Dialect
 
 
 class SharedReads(ABC):

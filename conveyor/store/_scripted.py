@@ -17,15 +17,15 @@ from typing import TypeVar
 
 from conveyor.core.cron import Schedule
 from conveyor.core.model import Job, NewJob
-from conveyor.store import _scripts as scripts
-from conveyor.store._scripts import Dialect, Script
+from conveyor.store import scripts
 from conveyor.store.protocol import Lease, LeaseRecord, Retention, ScheduleInfo, Submitted
+from conveyor.store.scripts import Dialect, Script
 
 T = TypeVar("T")
 
 
 class ScriptedOps(ABC):
-    """The store operations whose every step is a shared script (store/_scripts.py)."""
+    """The store operations whose every step is a shared script (store/scripts/)."""
 
     dialect: Dialect
 

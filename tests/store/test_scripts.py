@@ -1,6 +1,6 @@
 """The shared transaction scripts, driven with canned rows: no database, no dialect's SQL.
 
-A script is a generator of named queries (conveyor/store/_scripts.py). :class:`Canned`
+A script is a generator of named queries (conveyor/store/scripts/). :class:`Canned`
 answers each query with the rows a test gives for it and keeps what was asked, so each
 test states which queries a script asks for, with what, and what it makes of the answers:
 the dialect-free logic, apart from either backend's SQL (which the contract beside this
@@ -19,9 +19,9 @@ import pytest
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Job, NewJob, Outcome, Settlement
 from conveyor.errors import InvalidState
-from conveyor.store import _scripts as scripts
-from conveyor.store._scripts import Row, Script
+from conveyor.store import scripts
 from conveyor.store.protocol import Limits, Retention, Submitted
+from conveyor.store.scripts import Row, Script
 
 AT = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -21,12 +21,12 @@ from conveyor.core.jsontext import loads
 from conveyor.core.model import JSON, Job, Progress
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
-from conveyor.store._scripts import (
+from conveyor.store.protocol import Lease
+from conveyor.store.scripts import (
     Script,
     drive,
     drive_async,
 )
-from conveyor.store.protocol import Lease
 
 T = TypeVar("T")
 

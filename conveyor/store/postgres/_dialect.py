@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.core.model import JSON, Job, NewJob
-from conveyor.store._scripts import Row, Script
 from conveyor.store.postgres._codec import job_of_row, utc
 from conveyor.store.postgres._submit import submit_steps
 from conveyor.store.protocol import Submitted
+from conveyor.store.scripts import Row, Script
 
 
 class PostgresDialect:

@@ -44,11 +44,11 @@ from psycopg.rows import DictRow, tuple_row
 
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Settlement
-from conveyor.store import _scripts as scripts
+from conveyor.store import scripts
 from conveyor.store._rows import STATUS
-from conveyor.store._scripts import dumps
 from conveyor.store.postgres._codec import Q, as_float, run_script
 from conveyor.store.postgres._dialect import DIALECT
+from conveyor.store.scripts import dumps
 
 T = TypeVar("T")
 SyncConnection = psycopg.Connection[DictRow]

@@ -23,7 +23,6 @@ from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError
 from conveyor.store._rows import STATUS
-from conveyor.store._scripts import Script, check_dependencies, check_same_tenant, dumps
 from conveyor.store.postgres._codec import (
     Q,
     job_of_row,
@@ -33,6 +32,7 @@ from conveyor.store.postgres._codec import (
     utc,
 )
 from conveyor.store.protocol import Submitted
+from conveyor.store.scripts import Script, check_dependencies, check_same_tenant, dumps
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """PostgreSQL implementation of the store protocol.
 
-The domain's transaction scripts live in :mod:`conveyor.store._scripts`; this module
+The domain's transaction scripts live in :mod:`conveyor.store.scripts`; this module
 holds the pools, the one runner that drives a script, and the tuned hot path: submit,
 claim, heartbeat and the settle UPDATE.
 
@@ -36,7 +36,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from conveyor.core.auth import Token
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
-from conveyor.store import _scripts as scripts
+from conveyor.store import scripts
 from conveyor.store._fairness import TenantMix
 from conveyor.store._pooling import Pooling
 from conveyor.store._queries import load_migrations

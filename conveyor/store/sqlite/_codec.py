@@ -17,8 +17,8 @@ from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob, Progress
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import STATUS, job_picker
-from conveyor.store._scripts import Row, Script, check_dependencies, check_same_tenant, dumps
 from conveyor.store.protocol import Submitted
+from conveyor.store.scripts import Row, Script, check_dependencies, check_same_tenant, dumps
 
 SUBMIT_ONE = load_queries("conveyor.store.sqlite")["submit_one"]
 

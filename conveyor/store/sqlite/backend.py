@@ -1,6 +1,6 @@
 """SQLite implementation of the store protocol.
 
-The domain's transaction scripts live in :mod:`conveyor.store._scripts`; this module
+The domain's transaction scripts live in :mod:`conveyor.store.scripts`; this module
 holds the connection, the one runner that drives a script on the store's thread inside
 ``BEGIN IMMEDIATE`` (:meth:`SQLiteStore._drive`), and the tuned hot path: submit,
 claim, heartbeat and the batched settle.
@@ -21,7 +21,7 @@ from conveyor.core.auth import Token
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, NotAConveyorDatabase
-from conveyor.store import _scripts as scripts
+from conveyor.store import scripts
 from conveyor.store._fairness import TenantMix
 from conveyor.store._queries import load_migrations, load_queries
 from conveyor.store._reads import SharedReads

@@ -519,7 +519,7 @@ async def job_page(request: Request, job_id: str) -> Response:
     )
 
 
-# A completion callback's id, from its parent's (store/_scripts.py callback_job).
+# A completion callback's id, from its parent's (store/scripts/callbacks.py callback_job).
 _CALLBACK_ID = re.compile(r"^(.+)\.on_(?:complete|success)(?:\.\d+)?$")
 
 
