@@ -412,9 +412,6 @@ ALLOWANCES = {
     # The application API, one facade by design (River's Client, Oban's top module); what
     # only operators' tools use lives in app.ops.
     "conveyor/app/client.py:Conveyor public methods",
-    # The shared transaction scripts, cohesive by mechanism (generators of named queries);
-    # splitting them by domain, each with its own tests, is the next step.
-    "conveyor/store/scripts/trees.py lines",
 }
 
 

@@ -14,75 +14,68 @@ inside ``BEGIN IMMEDIATE``, PostgreSQL's transaction thread (never across an eve
 hop). Where a dialect needs no statement for a step (SQLite needs no lock: ``BEGIN
 IMMEDIATE`` holds the write lock), its ``queries.sql`` names a no-op.
 
-This package names every public script, so a backend calls ``scripts.cancel`` wherever it lives.
+The scripts are split by domain, one module each (trees, callbacks, rescue, submit,
+schedules, leases, retention, claim), beside the shared ground (``base``: the types, the
+:class:`Dialect`, the drivers) and the rows read and written (``rows``, ``dashboard``).
+This package names every public one, so a backend calls ``scripts.cancel`` wherever it lives.
 """
 
 from __future__ import annotations
 
+from conveyor.store.scripts.base import Dialect, Ended, Row, Script, Step, drive, drive_async, now
+from conveyor.store.scripts.callbacks import callback_definition, callback_job, fire_callbacks
+from conveyor.store.scripts.claim import claim_limited
+from conveyor.store.scripts.dashboard import audit_entry, audit_params, minute_stats
+from conveyor.store.scripts.leases import acquire_lease, lease_history, release_lease, renew_lease
+from conveyor.store.scripts.rescue import rescue_decisions, rescued
+from conveyor.store.scripts.retention import FOREVER, prune
+from conveyor.store.scripts.rows import (
+    attempt,
+    dumps,
+    health_counts,
+    lease_record,
+    past_lease,
+    queue_infos,
+    schedule_info,
+    schedule_params,
+    token,
+    token_params,
+    worker_info,
+    worker_params,
+)
+from conveyor.store.scripts.schedules import (
+    fire_schedules,
+    run_schedule,
+    schedules,
+    set_schedule_enabled,
+    sync_schedules,
+)
+from conveyor.store.scripts.submit import (
+    check_dependencies,
+    check_same_tenant,
+    job_event,
+    retry,
+    retry_many,
+    spawn,
+)
 from conveyor.store.scripts.trees import (
     BUCKET,
     COUNTERS,
-    FOREVER,
     Change,
-    Dialect,
-    Ended,
     Known,
-    Row,
-    Script,
-    Step,
-    acquire_lease,
     after_settle,
-    attempt,
-    audit_entry,
-    audit_params,
-    callback_definition,
-    callback_job,
     cancel,
     cascade,
-    check_dependencies,
-    check_same_tenant,
-    claim_limited,
     count_moves,
     counts_by_status,
     decide_from_children,
-    drive,
-    drive_async,
-    dumps,
     finish_listed,
     finish_parent,
     finish_parents,
-    fire_callbacks,
-    fire_schedules,
     get_with_counts,
-    health_counts,
-    job_event,
-    lease_history,
-    lease_record,
     lock_counts,
-    minute_stats,
     moves_of,
-    now,
-    past_lease,
-    prune,
-    queue_infos,
-    release_lease,
-    renew_lease,
-    rescue_decisions,
-    rescued,
-    retry,
-    retry_many,
-    run_schedule,
-    schedule_info,
-    schedule_params,
-    schedules,
-    set_schedule_enabled,
-    spawn,
-    sync_schedules,
-    token,
-    token_params,
     tree_counts,
-    worker_info,
-    worker_params,
 )
 
 __all__ = [
