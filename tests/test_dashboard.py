@@ -27,7 +27,7 @@ from conveyor.store.protocol import AuditEntry
 from conveyor.web import create_api
 from conveyor.web.ui import create_dashboard
 from tests.apps.ui import MARKUP_TYPE, build
-from tests.helpers import eventually, running_worker, settled
+from tests.helpers import eventually, new, running_worker, settled
 
 ORIGIN = {"Origin": "http://testserver"}
 PAGES = [f"/ui/{p}" for p in ("", "jobs", "queues", "schedules", "workers", "leases", "audit")]
@@ -427,6 +427,26 @@ async def test_jobs_in_a_queue_no_live_worker_serves_are_pointed_out(
     said = "queued in queue &#39;stray&#39;, which no live worker serves"
     assert f"1 job {said}" in overview and "`--queues stray`" in overview
     assert f"this job is {said}" in job_page
+
+
+async def test_jobs_of_a_type_no_live_worker_serves_are_pointed_out(
+    app: Conveyor, browser: Any, secrets: dict[str, str]
+):
+    """Issue #27, rolling deploys: jobs of a type only newer code knows wait, and the
+    overview says so while the live workers lack its handler."""
+    store = await app.store()
+    await store.submit([new("report-1", type="build_report", tenant="ops")])
+    c = browser()
+    await sign_in(c, secrets["admin"])
+    async with running_worker(app):
+
+        async def live() -> bool:
+            return (await app.health()).counts.live_workers == 1
+
+        await eventually(live)
+        overview = (await c.get("/ui/")).text
+    assert "1 job waiting for type &#39;build_report&#39;, which no live worker serves" in overview
+    assert (await app.get("report-1")).attempt == 0  # waited, its attempts unspent
 
 
 async def test_the_favicon_is_served(api: FastAPI):
