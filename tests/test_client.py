@@ -21,18 +21,23 @@ def test_blocking_adapter_runs_the_same_code_paths(tmp_path: Path) -> None:
     def shout(ctx: JobContext, word: str) -> str:
         return word.upper()
 
-    job = shout.submit_sync(word="hey")
-    assert job.status is Status.QUEUED
-    assert app.sync.get(job.id).id == job.id
+    try:
+        job = shout.submit_sync(word="hey")
+        assert job.status is Status.QUEUED
+        assert app.sync.get(job.id).id == job.id
 
-    worker = threading.Thread(
-        target=run_worker, args=(app, WorkerOptions(burst=True, poll_interval=0.05))
-    )
-    worker.start()
-    worker.join(30)
-    done = job.sync.wait(timeout=10)
-    assert done.status is Status.SUCCEEDED and done.result == "HEY"
-    assert [j.id for j in app.sync.list_jobs(status=["succeeded"])] == [job.id]
+        worker = threading.Thread(
+            target=run_worker, args=(app, WorkerOptions(burst=True, poll_interval=0.05))
+        )
+        worker.start()
+        worker.join(30)
+        done = job.sync.wait(timeout=10)
+        assert done.status is Status.SUCCEEDED and done.result == "HEY"
+        assert [j.id for j in app.sync.list_jobs(status=["succeeded"])] == [job.id]
+    finally:
+        # Python 3.13 warns of a SQLite connection collected unclosed (a ResourceWarning,
+        # an error under the suite's filter, raised in whichever test the collector ran).
+        app.sync.close()
 
 
 async def test_pause_and_resume_a_queue(app: Conveyor) -> None:
