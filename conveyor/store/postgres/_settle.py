@@ -92,19 +92,7 @@ def settle_plain(
     settlements left for the store's transactional settle: jobs with a parent, children
     or pending dependents, still running.
     """
-    params = settle_params(settlements, now, False)
-    try:
-        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
-            conn.execute("BEGIN")
-            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
-            cursor.execute(Q["settle_plain"], params)
-            conn.execute("COMMIT")
-            pipeline.sync()
-            rows = cursor.fetchall()
-    except BaseException:
-        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()
-        raise
+    rows = _pipelined(conn, "settle_plain", settle_params(settlements, now, False))
     plain = {job_id for job_id, is_plain in rows if is_plain}
     kept = {job_id for job_id, is_plain in rows if not is_plain}
     refused = [s.job_id for s in settlements if s.job_id not in plain and s.job_id not in kept]
@@ -161,19 +149,7 @@ def settle_with_leaves(
     BEGIN, the lock, the settle and COMMIT are sent at once (a pipeline), as in
     ``settle_plain``: the rows of counts stay locked for the commit only.
     """
-    params = settle_params(settlements, now, False)
-    try:
-        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
-            conn.execute("BEGIN")
-            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
-            cursor.execute(Q["settle_leaves"], params)
-            conn.execute("COMMIT")
-            pipeline.sync()
-            rows = cursor.fetchall()
-    except BaseException:
-        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()
-        raise
+    rows = _pipelined(conn, "settle_leaves", settle_params(settlements, now, False))
     by_kind: dict[str, set[str]] = {"settled": set(), "leaf": set(), "kept": set(), "done": set()}
     for kind, job_id in rows:
         by_kind[kind].add(job_id)
@@ -256,3 +232,21 @@ class Settles:
     def _drive(self, conn: SyncConnection, script: scripts.Script[T]) -> T:
         with conn.cursor() as cursor:
             return run_script(cursor, script, self._now())
+
+
+def _pipelined(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Any]:
+    """Run the settle ``query`` in its own transaction, in one round trip: BEGIN, the lock
+    of the settling rows, the settle and COMMIT are sent at once (a pipeline), so the
+    transaction's locks never wait for this process. Returns the settle's rows."""
+    try:
+        with conn.pipeline() as pipeline, conn.cursor(row_factory=tuple_row) as cursor:
+            conn.execute("BEGIN")
+            conn.execute(Q["lock_settling"], {"ids": params["ids"]})
+            cursor.execute(Q[query], params)
+            conn.execute("COMMIT")
+            pipeline.sync()
+            return cursor.fetchall()
+    except BaseException:
+        if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        raise
