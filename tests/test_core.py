@@ -111,6 +111,21 @@ def test_ids_sort_by_time_and_are_unique() -> None:
     assert len(set(generated)) == 1000
 
 
+def test_ids_made_together_are_new_id_s_for_the_same_time() -> None:
+    digits = "0123456789abcdefghjkmnpqrstvwxyz"
+    for now in (0.0, 1.5, 1_700_000_000.123, (2**48 - 1) / 1000):
+        together = ids.new_ids(now, 200)
+        assert len(set(together)) == 200
+        for made in together:
+            value = 0
+            for digit in made:
+                value = value * 32 + digits.index(digit)
+            # The same 26 digits encode() writes, the time in the top 48 bits.
+            assert ids.encode(value) == made and value >> 80 == int(now * 1000)
+            assert made[:10] == ids.new_id(now)[:10]
+    assert ids.new_ids(1.0, 0) == []
+
+
 def _utc(
     year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
 ) -> datetime:

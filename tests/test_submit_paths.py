@@ -3,6 +3,7 @@ a type at a time in a large batch, the C JSON encoder, the quick plain-payload t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from conveyor import Conveyor, JobContext, Submission
 from conveyor.app.registry import json_text_problem
 from conveyor.core.jsontext import compact, loads, plain_text, strict_compact
-from conveyor.errors import InvalidPayload
+from conveyor.errors import ConfigurationError, InvalidPayload
 
 VALUES = [
     {"t": 1.0},
@@ -88,6 +89,36 @@ def test_a_large_batch_validates_its_payloads_as_one_at_a_time_does(app: Conveyo
     one_by_one = [app.prepare([s])[0] for s in batch]
     assert [j.payload for j in prepared] == [j.payload for j in one_by_one]
     assert prepared[0].payload == {"n": 0} and prepared[1].payload["x"] == 1.0
+
+
+def test_a_large_batch_takes_options_as_one_at_a_time_does(app: Conveyor) -> None:
+    def submission(i: int) -> Submission:
+        n = {"n": i}
+        return [
+            Submission("typed", n),
+            Submission("typed", n, queue="other", priority=3),
+            Submission("typed", n, max_attempts=7, timeout="2m", delay=5),
+            Submission("typed", n, id=f"mine-{i}", unique_key=f"k{i}", concurrency_key="c"),
+        ][i % 4]
+
+    batch = [submission(i) for i in range(40)]
+    prepared = app.prepare(batch)
+    one_by_one = [app.prepare([s])[0] for s in batch]
+    fresh = [j.id for j, s in zip(prepared, batch, strict=True) if s.id is None]
+    assert len(set(fresh)) == len(fresh) == 30
+    same = [dataclasses.replace(j, id="") for j in prepared]
+    assert same == [dataclasses.replace(j, id="") for j in one_by_one]
+    assert [j.id for j in prepared][3::4] == [f"mine-{i}" for i in range(3, 40, 4)]
+
+
+def test_a_large_batch_refuses_bad_options_as_one_at_a_time_does(app: Conveyor) -> None:
+    batch = [Submission("typed", {"n": i}) for i in range(30)]
+    batch[9] = Submission("typed", {"n": 9}, max_attempts=0)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        app.prepare(batch)
+    batch[9] = Submission("typed", {"n": 9}, priority=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="priority"):
+        app.prepare(batch)
 
 
 @pytest.mark.parametrize(

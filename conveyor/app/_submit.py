@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from conveyor.app.handles import Submission
-from conveyor.app.registry import Registry, check_queue, optional_seconds
-from conveyor.core.ids import check_job_id, local, new_id, qualify
+from conveyor.app.registry import JobOptions, Registry, check_queue, optional_seconds
+from conveyor.core.ids import check_job_id, local, new_id, new_ids, qualify
 from conveyor.core.model import JSON, NewJob, check_run_at
 from conveyor.errors import ConfigurationError, InvalidDependency, InvalidPayload
 
@@ -52,6 +52,43 @@ def payloads_by_type(
     return payloads
 
 
+# A submission's options as stored: queue, max_attempts, priority, timeout, delay, run_at.
+_Settled = tuple[str, int, int, float | None, float, datetime | None]
+
+
+def new_jobs(
+    registry: Registry,
+    submissions: Sequence[Submission],
+    now: float,
+    traceparent: str | None,
+    submitted_by: str,
+) -> list[NewJob]:
+    """The jobs ``submissions`` describe, checked as :func:`new_job` checks each, with the
+    work they share done once: payloads validated a type at a time, the new ids made
+    together, and the options of a type's jobs that set none of their own read once."""
+    payloads = payloads_by_type(registry, submissions)
+    fresh = sum(1 for s in submissions if s.id is None)
+    ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
+    type_options: dict[str, _Settled] = {}
+    jobs = []
+    for s, payload in zip(submissions, payloads, strict=True):
+        settled = None
+        if (
+            s.queue is None
+            and s.max_attempts is None
+            and s.priority is None
+            and s.timeout is None
+            and s.delay is None
+            and s.run_at is None
+        ):
+            settled = type_options.get(s.type)
+            if settled is None:
+                settled = type_options[s.type] = _settle(registry.get(s.type).options, s)
+        job_id = next(ids) if s.id is None else None
+        jobs.append(new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled))
+    return jobs
+
+
 def new_job(
     registry: Registry,
     s: Submission,
@@ -59,9 +96,12 @@ def new_job(
     traceparent: str | None,
     submitted_by: str,
     payload: dict[str, JSON] | None = None,
+    job_id: str | None = None,
+    settled: _Settled | None = None,
 ) -> NewJob:
     """The job ``s`` describes, checked against its type and with the type's defaults
-    (``payload``: its payload, validated already)."""
+    (``payload``: its payload, validated already; ``job_id``: the new id for a submission
+    without one; ``settled``: its options, checked already)."""
     job_type = registry.get(s.type)
     options = job_type.options
     if payload is None:
@@ -71,6 +111,37 @@ def new_job(
             check_job_id(local(s.tenant, s.id))
         except ValueError as exc:
             raise InvalidPayload(s.type, str(exc)) from None
+    queue, max_attempts, priority, timeout, delay, run_at = settled or _settle(options, s)
+    depends_on: tuple[str, ...] = ()
+    if s.tenant is None and s.depends_on == ():
+        # Nothing to qualify: a new id or a checked client id holds no '/'.
+        job_id = s.id or job_id or new_id(now)
+    else:
+        job_id, depends_on = _stored_names(s, s.id or job_id or new_id(now))
+    return NewJob(
+        id=job_id,
+        type=s.type,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        lease=options.lease,
+        backoff_base=options.backoff.base,
+        backoff_cap=options.backoff.cap,
+        tenant=s.tenant,
+        unique_key=s.unique_key,
+        concurrency_key=s.concurrency_key,
+        depends_on=depends_on,
+        trace_context=traceparent,
+        submitted_by=submitted_by,
+    )
+
+
+def _settle(options: JobOptions, s: Submission) -> _Settled:
+    """A submission's options, checked, with its type's where it sets none."""
     queue = s.queue if s.queue is not None else options.queue
     check_queue(queue)
     max_attempts = s.max_attempts if s.max_attempts is not None else options.max_attempts
@@ -81,31 +152,14 @@ def new_job(
         raise ConfigurationError(f"priority must be an integer, not {priority!r}")
     timeout = optional_seconds(s.timeout, "timeout")
     delay = optional_seconds(s.delay, "delay") or 0.0
-    depends_on: tuple[str, ...] = ()
-    if s.tenant is None and s.depends_on == ():
-        # Nothing to qualify: a new id or a checked client id holds no '/'.
-        job_id = s.id or new_id(now)
-    else:
-        job_id, depends_on = _stored_names(s, s.id or new_id(now))
-    return NewJob(
-        id=job_id,
-        type=s.type,
-        payload=payload,
-        queue=queue,
-        priority=priority,
-        run_at=_run_at(s.run_at),
-        delay=delay,
-        max_attempts=max_attempts,
-        timeout=timeout if timeout is not None else options.timeout,
-        lease=options.lease,
-        backoff_base=options.backoff.base,
-        backoff_cap=options.backoff.cap,
-        tenant=s.tenant,
-        unique_key=s.unique_key,
-        concurrency_key=s.concurrency_key,
-        depends_on=depends_on,
-        trace_context=traceparent,
-        submitted_by=submitted_by,
+    run_at = _run_at(s.run_at)
+    return (
+        queue,
+        max_attempts,
+        priority,
+        timeout if timeout is not None else options.timeout,
+        delay,
+        run_at,
     )
 
 

@@ -31,7 +31,8 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app import blocking
-from conveyor.app._submit import check_acyclic, new_job, payloads_by_type
+from conveyor.app._submit import check_acyclic
+from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.app.handles import (
@@ -349,11 +350,7 @@ class Conveyor:
         # attempt's (its children's runs then appear under it).
         traceparent = tracing.current_traceparent()
         now = self._wallclock()
-        payloads = payloads_by_type(self.registry, submissions)
-        new_jobs = [
-            new_job(self.registry, s, now, traceparent, submitted_by, payload)
-            for s, payload in zip(submissions, payloads, strict=True)
-        ]
+        new_jobs = _new_jobs(self.registry, submissions, now, traceparent, submitted_by)
         check_acyclic(new_jobs)
         return new_jobs
 

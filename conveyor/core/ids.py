@@ -9,6 +9,7 @@ _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 # Two digits at a time: every 10-bit value's pair of digits.
 _PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
 _SHIFTS = range(120, -1, -10)  # 13 pairs: 130 bits, the top two always zero
+_RANDOM_SHIFTS = range(70, -1, -10)  # the 8 pairs of the 80 random bits
 
 
 def new_id(now: float) -> str:
@@ -21,6 +22,26 @@ def new_id(now: float) -> str:
     """
     value = (int(now * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
     return encode(value)
+
+
+def new_ids(now: float, n: int) -> list[str]:
+    """``n`` new ids that sort by ``now``, as :func:`new_id` makes them one at a time, for
+    a batch: one read of random bytes, and the time's ten digits written once.
+
+    >>> [len(i) for i in new_ids(0.0, 2)]
+    [26, 26]
+    >>> a, b = new_ids(1.0, 2); a != b and a[:10] == b[:10] == new_id(1.0)[:10]
+    True
+    """
+    # The 10 top digits hold the 48 bits of milliseconds (and the two zero bits above
+    # them), the 16 others the 80 random bits: 8 pairs of digits.
+    prefix = encode(int(now * 1000) << 80)[:10]
+    noise = os.urandom(10 * n)
+    pairs, from_bytes = _PAIRS, int.from_bytes
+    return [
+        prefix + "".join([pairs[(r >> shift) & 1023] for shift in _RANDOM_SHIFTS])
+        for r in [from_bytes(noise[i : i + 10], "big") for i in range(0, 10 * n, 10)]
+    ]
 
 
 def encode(value: int) -> str:
