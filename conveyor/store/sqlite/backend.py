@@ -48,6 +48,7 @@ from conveyor.store.sqlite._codec import (
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
+from conveyor.store.sqlite._submit import insert_plain
 from conveyor.store.sqlite._watcher import Watcher
 from conveyor.store.sqlite._writer import GroupWriter
 
@@ -286,12 +287,18 @@ class SQLiteStore(ScriptedOps, SharedReads):
 
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
             now = self._clock()  # one reading, under the write lock, for the whole batch
-            if len(jobs) == 1 and not jobs[0].depends_on:
-                # The common submit: one statement, and the job as written (the store
-                # knows every value); a taken id or unique key takes the general steps.
-                submitted = submit_one(conn, jobs[0], now)
-                if submitted is not None:
-                    return [submitted]
+            if not any(job.depends_on for job in jobs):
+                # The common submit: one prepared statement, and the jobs as written (the
+                # store knows every value); a taken id or unique key takes the general
+                # steps, which find the job holding it.
+                if len(jobs) == 1:
+                    submitted = submit_one(conn, jobs[0], now)
+                    if submitted is not None:
+                        return [submitted]
+                else:
+                    created = insert_plain(conn, jobs, now)
+                    if created is not None:
+                        return created
             return self._drive(conn, submit_steps(jobs, now), now)
 
         return await self._write(submit)
