@@ -94,6 +94,22 @@ async def test_a_large_batch_is_stored_as_submitted_and_taken_ids_are_found(
     assert all(r.created for r in twice[:100]) and not twice[100].created
 
 
+async def test_a_batch_of_any_size_is_all_created_or_answered_as_found(store: Store) -> None:
+    """A batch goes in as several statements (SQLite: 512, 256, ... rows): a taken id in
+    its last one still finds the job holding it, and the jobs before it are created once."""
+    batch = [new(f"p{i:04}", payload={"n": i}) for i in range(777)]
+    first = await store.submit(batch)
+    assert all(r.created for r in first) and len(first) == 777
+    assert [r.job.id for r in first] == [j.id for j in batch]
+    for r in first[::97]:
+        assert r.job == await store.get(r.job.id)
+    more = [new(f"q{i:04}", payload={"n": i}) for i in range(700)] + [new("p0776")]
+    again = await store.submit(more)
+    assert all(r.created for r in again[:700]) and not again[700].created
+    assert again[700].job == first[776].job
+    assert again[3].job == await store.get("q0003")
+
+
 _AWKWARD = "tab\there, line\nbreak, cr\r, back\\slash \\N \\. é\u2603"
 
 

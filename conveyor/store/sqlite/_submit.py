@@ -1,30 +1,45 @@
-"""The SQLite store's bulk submit: many jobs without dependencies in one prepared
-``INSERT`` run by ``executemany``.
+"""The SQLite store's bulk submit: many jobs without dependencies in a few multi-row
+``INSERT`` statements, nothing read back.
 
 The general steps (:func:`._codec.submit_steps`) turn every job into a dict, the batch
 into one JSON array, and have SQLite take it apart again with ``json_extract`` and hand
-back a row per job: about three quarters of a bulk submit's time. Here each job is one
-tuple bound to one prepared statement, and nothing is read back: for a job it created,
-the store knows every value it wrote. Whether it created them all it learns from the
-count of rows inserted; should any id or active unique key be taken already (or repeat
-within the batch), the batch is undone to a savepoint and the caller takes the general
-steps, which find the job holding it. So the result is the general steps' exactly.
+back a row per job: about three quarters of a bulk submit's time. Here the jobs go in as
+``INSERT ... VALUES (...), (...), ...`` of up to 512 rows each (a statement per power of
+two, so that each text is prepared once and then found in the connection's cache), and
+bind only the columns a job sets: a batch in which every job leaves the optional columns
+empty (the common case) binds 11 values a row instead of 22, and each bound value costs
+about as much as SQLite's own work for it. For a job it created, the store knows every
+value it wrote. Whether it created them all it learns from the count of rows inserted;
+should any id or active unique key be taken already (or repeat within the batch), the
+batch is undone to a savepoint and the caller takes the general steps, which find the job
+holding it. So the result is the general steps' exactly.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
-from conveyor.store._queries import load_queries
 from conveyor.store.protocol import Submitted
 from conveyor.store.sqlite._codec import epoch
 
-INSERT_PLAIN = load_queries("conveyor.store.sqlite")["insert_plain"]
+# The columns every job binds, in the order of its row: status is 'queued' in the text.
+_PLAIN = (
+    "id", "type", "queue", "payload", "priority", "max_attempts", "run_at", "backoff_base",
+    "backoff_cap", "submitted_by", "created_at",
+)  # fmt: skip
+# With, when any job of the batch sets one, the optional ones.
+_FULL = (
+    *_PLAIN, "tenant", "timeout", "lease_seconds", "state", "parent_id", "root_id",
+    "unique_key", "concurrency_key", "retry_of", "trace_context", "retry_count",
+)  # fmt: skip
+_MOST_ROWS = 512  # per statement; the statements take 512, 256, ... 1 rows
 
 
 def insert_plain(
@@ -32,29 +47,52 @@ def insert_plain(
 ) -> list[Submitted] | None:
     """Insert ``jobs`` (none with dependencies) submitted at ``now``, in the caller's
     transaction; None, with nothing written, unless every one of them was created."""
-    rows = []
-    run_ats: list[float] = []
-    for job in jobs:
-        if job.depends_on:
-            raise ValueError("insert_plain takes jobs without dependencies")
-        run_at = now + job.delay if job.run_at is None else epoch(job.run_at)
-        run_ats.append(run_at)
-        rows.append(
-            (
-                job.id, job.type, job.queue, job.tenant, compact(job.payload), job.priority,
-                job.max_attempts, run_at, job.timeout, job.lease, job.backoff_base,
-                job.backoff_cap, None if job.state is None else compact(job.state),
-                job.parent_id, job.root_id, job.unique_key, job.concurrency_key, job.retry_of,
-                job.trace_context, job.retry_count, job.submitted_by, now,
-            )
+    if any(job.depends_on for job in jobs):
+        raise ValueError("insert_plain takes jobs without dependencies")
+    run_ats = [now + job.delay if job.run_at is None else epoch(job.run_at) for job in jobs]
+    full = any(
+        job.tenant is not None
+        or job.timeout is not None
+        or job.lease is not None
+        or job.state is not None
+        or job.parent_id is not None
+        or job.root_id is not None
+        or job.unique_key is not None
+        or job.concurrency_key is not None
+        or job.retry_of is not None
+        or job.trace_context is not None
+        or job.retry_count
+        for job in jobs
+    )
+    values: list[Any] = []
+    for job, run_at in zip(jobs, run_ats, strict=True):
+        values += (
+            job.id, job.type, job.queue, compact(job.payload), job.priority,
+            job.max_attempts, run_at, job.backoff_base, job.backoff_cap, job.submitted_by,
+            now,
         )  # fmt: skip
+        if full:
+            values += (
+                job.tenant, job.timeout, job.lease,
+                None if job.state is None else compact(job.state), job.parent_id,
+                job.root_id, job.unique_key, job.concurrency_key, job.retry_of,
+                job.trace_context, job.retry_count,
+            )  # fmt: skip
+    columns = _FULL if full else _PLAIN
+    width = len(columns)
+    most = min(_MOST_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
     conn.execute("SAVEPOINT conveyor_insert_plain")
     try:
-        inserted = conn.executemany(INSERT_PLAIN, rows).rowcount
+        inserted, start = 0, 0
+        while start < len(jobs):
+            rows = _rows(len(jobs) - start, most)
+            params = values[start * width : (start + rows) * width]
+            inserted += conn.execute(_statement(columns, rows), params).rowcount
+            start += rows
     except BaseException:
         _undo(conn)
         raise
-    if inserted != len(rows):
+    if inserted != len(jobs):
         _undo(conn)
         return None
     conn.execute("RELEASE conveyor_insert_plain")
@@ -68,6 +106,24 @@ def insert_plain(
             due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
         results.append(Submitted(job.stored(Status.QUEUED, due, created_at), created=True))
     return results
+
+
+def _rows(left: int, most: int) -> int:
+    """How many rows the next statement takes: the largest power of two up to both."""
+    rows = 1
+    while rows * 2 <= min(left, most):
+        rows *= 2
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _statement(columns: tuple[str, ...], rows: int) -> str:
+    marks = ", ".join(["?"] * len(columns))
+    row = f"({marks}, 'queued')"
+    return (
+        f"INSERT INTO conveyor_jobs ({', '.join(columns)}, status) "
+        f"VALUES {', '.join([row] * rows)} ON CONFLICT DO NOTHING"
+    )
 
 
 def _undo(conn: sqlite3.Connection) -> None:

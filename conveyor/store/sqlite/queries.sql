@@ -1002,15 +1002,3 @@ GROUP BY lease_owner;
 SELECT lease_owner, count(*) AS n FROM conveyor_jobs INDEXED BY conveyor_jobs_leases
 WHERE status = 'running' AND lease_expires_at IS NOT NULL
 GROUP BY lease_owner;
-
--- name: insert_plain
--- insert_job with positional parameters and no RETURNING, run once per job by
--- executemany for a batch of jobs without dependencies (the store knows every value it
--- wrote); an existing id or an active unique key makes that row a no-op.
-INSERT INTO conveyor_jobs (
-    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
-    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_at
-) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT DO NOTHING;
