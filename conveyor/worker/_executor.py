@@ -59,8 +59,15 @@ class Executor(WorkerBase):
         try:
             if not await lease_current(run):
                 if not run.done:
-                    log.warning("job %s: lease not renewed in time; not started", run.job.id)
-                    self._finish(run, None)
+                    # No renewal came before the lease may have run out: the handler never
+                    # starts, and the job goes back, fenced by its token like any settle
+                    # (refused if it was rescued meanwhile, else queued again at once, its
+                    # attempt not spent). Dropped, it would sit "running" until rescued.
+                    log.warning(
+                        "job %s: lease not renewed in time; not started, handed back",
+                        run.job.id,
+                    )
+                    self._finish(run, self._settlement(run, Event.HAND_BACK, None))
                 return None
             settlement = await self._invoke(run, job_type, store)
         except asyncio.CancelledError:
