@@ -335,7 +335,9 @@ async def test_an_unhealthy_overview_says_why_and_what_to_do(
     page = (await c.get("/ui/")).text
     assert "unhealthy" in page
     assert "no live worker: the last heartbeat was" in page
-    assert "start one with `conveyor worker APP`" in page
+    # The CLI's backticks become code on the page, never literal backquotes.
+    assert "start one with <code>conveyor worker APP</code>" in page
+    assert "`" not in page
     # The same hint in /health/ready's document, for a token.
     ready = await c.get("/health/ready", headers={"Authorization": f"Bearer {secrets['read']}"})
     assert ready.status_code == 503

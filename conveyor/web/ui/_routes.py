@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -61,6 +62,16 @@ _env = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
+def _code_spans(text: object) -> Markup:
+    """Escape ``text`` and show its `backticked` parts as code, as the CLI's hints are
+    written (``start one with `conveyor worker APP```)."""
+    return Markup(_BACKTICKED.sub(r"<code>\1</code>", str(escape(text))))
+
+
+_BACKTICKED = re.compile(r"`([^`]+)`")
+_env.filters["code_spans"] = _code_spans
 _HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
