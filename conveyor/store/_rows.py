@@ -1,29 +1,128 @@
-"""Reading job rows, shared by both stores: which columns make a Job, picked by position.
+"""The job row, declared once: each column of conveyor_jobs, how each dialect stores it,
+and the readers and writers both stores derive from that declaration.
 
-A claim turns up to ``concurrency`` rows into Jobs many times a second; picking the
-columns by position with one ``itemgetter`` costs a fraction of a look-up by name per
-column (sqlite3.Row compares every column name in turn, a dict row is built per row).
+:data:`JOB_TABLE` is the one list of the job row's columns. Each column has a
+:class:`Kind` (how its values are stored: SQLite and PostgreSQL have a type per kind,
+:data:`SQL_TYPES`), whether it may be null, the attribute of :class:`~conveyor.core.model.Job`
+it is read into, and whether a submit writes it from the :class:`~conveyor.core.model.NewJob`
+attribute of that name. A test checks it against a freshly migrated database of each
+backend, so a column added by a migration and not here (or here and not there) fails.
+
+A claim turns up to ``concurrency`` rows into Jobs many times a second, and a submit writes
+every job it takes: the readers and writers are therefore not loops over the columns, but
+functions generated once from the declaration (:func:`job_reader`, :func:`job_writer`),
+with one keyword per column as a hand-written one would have. The columns are picked out
+of a row by position with one ``itemgetter``: a fraction of a look-up by name per column
+(sqlite3.Row compares every column name in turn, a dict row is built per row).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.core.lifecycle import Status
+from conveyor.core.model import Job, NewJob, Progress
 
-# The columns a Job is read from, in the order each store's _job_of takes them.
-JOB_COLUMNS = (
-    "id", "type", "queue", "tenant", "payload", "status", "priority", "attempt",
-    "max_attempts", "run_at", "created_at", "timeout", "lease_seconds", "backoff_base",
-    "backoff_cap", "progress_done", "progress_total", "progress_message", "state", "result",
-    "result_ref", "error", "parent_id", "root_id", "depends_on", "unique_key",
-    "concurrency_key", "retry_of", "started_at", "finished_at", "lease_owner",
-    "lease_expires_at", "lease_token", "cancel_requested", "trace_context", "retry_count",
-    "retried_by", "submitted_by",
-)  # fmt: skip
+
+class Kind(enum.Enum):
+    """How a column's values are stored; each dialect has a type and a conversion per kind."""
+
+    TEXT = "text"
+    INT = "int"
+    BIGINT = "bigint"  # a counter that must not wrap (the lease token)
+    FLOAT = "float"
+    BOOL = "bool"
+    JSON = "json"  # a JSON document
+    TIME = "time"  # an instant, UTC
+    IDS = "ids"  # a list of job ids, read as a tuple (empty when null)
+    STATUS = "status"  # a Status, by its value
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of conveyor_jobs."""
+
+    name: str
+    kind: Kind
+    null: bool = False
+    # The Job attribute it is read into (default: its name); "progress.done" names a part
+    # of the Progress read from several columns (null when its first column is).
+    field: str = ""
+    # Whether a submit writes it from the NewJob attribute of ``field``'s name; the other
+    # columns are decided by the store (status, times) or start at their default.
+    submitted: bool = False
+
+    @property
+    def attribute(self) -> str:
+        return self.field or self.name
+
+
+_T, _I, _F = Kind.TEXT, Kind.INT, Kind.FLOAT
+
+JOB_TABLE = (
+    Column("id", _T, submitted=True),
+    Column("type", _T, submitted=True),
+    Column("queue", _T, submitted=True),
+    Column("tenant", _T, null=True, submitted=True),
+    Column("payload", Kind.JSON, submitted=True),
+    Column("status", Kind.STATUS),
+    Column("priority", _I, submitted=True),
+    Column("attempt", _I),
+    Column("max_attempts", _I, submitted=True),
+    Column("run_at", Kind.TIME),
+    Column("created_at", Kind.TIME),
+    Column("timeout", _F, null=True, submitted=True),
+    Column("lease_seconds", _F, null=True, field="lease", submitted=True),
+    Column("backoff_base", _F, submitted=True),
+    Column("backoff_cap", _F, submitted=True),
+    Column("progress_done", _F, null=True, field="progress.done"),
+    Column("progress_total", _F, null=True, field="progress.total"),
+    Column("progress_message", _T, null=True, field="progress.message"),
+    Column("state", Kind.JSON, null=True, submitted=True),
+    Column("result", Kind.JSON, null=True),
+    Column("result_ref", _T, null=True),
+    Column("error", _T, null=True),
+    Column("parent_id", _T, null=True, submitted=True),
+    Column("root_id", _T, null=True, submitted=True),
+    Column("depends_on", Kind.IDS, null=True, submitted=True),
+    Column("unique_key", _T, null=True, submitted=True),
+    Column("concurrency_key", _T, null=True, submitted=True),
+    Column("retry_of", _T, null=True, submitted=True),
+    Column("started_at", Kind.TIME, null=True),
+    Column("finished_at", Kind.TIME, null=True),
+    Column("lease_owner", _T, null=True),
+    Column("lease_expires_at", Kind.TIME, null=True),
+    Column("lease_token", Kind.BIGINT),
+    Column("cancel_requested", Kind.BOOL),
+    Column("trace_context", _T, null=True, submitted=True),
+    Column("retry_count", _I, submitted=True),
+    Column("retried_by", _T, null=True),
+    Column("submitted_by", _T, submitted=True),
+)
+
+# Each kind's column type, as each dialect's schema declares it.
+SQL_TYPES: dict[str, dict[Kind, str]] = {
+    "sqlite": {
+        Kind.TEXT: "TEXT", Kind.INT: "INTEGER", Kind.BIGINT: "INTEGER", Kind.FLOAT: "REAL",
+        Kind.BOOL: "INTEGER", Kind.JSON: "TEXT", Kind.TIME: "REAL", Kind.IDS: "TEXT",
+        Kind.STATUS: "TEXT",
+    },
+    "postgres": {
+        Kind.TEXT: "text", Kind.INT: "integer", Kind.BIGINT: "bigint",
+        Kind.FLOAT: "double precision", Kind.BOOL: "boolean", Kind.JSON: "json",
+        Kind.TIME: "timestamp with time zone", Kind.IDS: "text[]", Kind.STATUS: "text",
+    },
+}  # fmt: skip
+
+# The columns a Job is read from, in the order each store's reader takes them.
+JOB_COLUMNS = tuple(c.name for c in JOB_TABLE)
+# The columns a submit writes from a NewJob's attributes.
+SUBMITTED = tuple(c for c in JOB_TABLE if c.submitted)
 
 # A status by its stored value, without going through Enum's call.
 STATUS = {s.value: s for s in Status}
@@ -34,3 +133,79 @@ def job_picker(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     """Pick the job columns, in JOB_COLUMNS order, out of a row whose columns are ``names``."""
     index = {name: i for i, name in enumerate(names)}
     return operator.itemgetter(*(index[c] for c in JOB_COLUMNS))
+
+
+# Parts of a value read from several columns: the type built from them.
+_COMPOSITES = {"progress": Progress}
+
+
+def job_reader(
+    reads: Mapping[Kind, str], namespace: Mapping[str, Any], at: Callable[[Any], Any]
+) -> Callable[..., Job]:
+    """Generate a dialect's reader of a job row: a function taking one argument per
+    column (JOB_COLUMNS order) and returning the Job, plus a keyword ``at`` that reads
+    a time (default ``at``; a caller may pass one that shares equal times).
+
+    ``reads`` gives each kind's conversion of a stored value ``{}`` (which may name
+    ``namespace``'s globals and ``at``); a null value of a nullable column stays None
+    (a list of ids: an empty tuple), unless the conversion is the value itself.
+    """
+    arguments = {}
+    parts: dict[str, dict[str, str]] = {}
+    first: dict[str, str] = {}
+    for c in JOB_TABLE:
+        read = reads[c.kind]
+        value = read.replace("{}", c.name)
+        if c.null and read != "{}" and c.kind is not Kind.IDS:
+            value = f"None if {c.name} is None else {value}"
+        if "." in c.attribute:
+            whole, part = c.attribute.split(".")
+            parts.setdefault(whole, {})[part] = value
+            first.setdefault(whole, c.name)
+        else:
+            arguments[c.attribute] = value
+    for whole, values in parts.items():
+        built = ", ".join(f"{k}={v}" for k, v in values.items())
+        name = _COMPOSITES[whole].__name__
+        arguments[whole] = f"None if {first[whole]} is None else {name}({built})"
+    body = ",\n        ".join(f"{k}={v}" for k, v in arguments.items())
+    source = (
+        f"def job_of({', '.join(JOB_COLUMNS)}, *, at=_at):\n"
+        f"    return Job(\n        {body},\n    )\n"
+    )
+    scope = {"Job": Job, "STATUS": STATUS, "_at": at, **_COMPOSITES_BY_NAME, **namespace}
+    exec(compile(source, f"<job reader: {reads[Kind.JSON]}>", "exec"), scope)
+    reader: Callable[..., Job] = scope["job_of"]
+    reader.__doc__ = f"Read a job row, one argument per column.\n\n{source}"
+    return reader
+
+
+_COMPOSITES_BY_NAME = {t.__name__: t for t in _COMPOSITES.values()}
+
+
+def job_writer(
+    writes: Mapping[Kind, str], namespace: Mapping[str, Any]
+) -> Callable[[NewJob], dict[str, Any]]:
+    """Generate a dialect's writer of a submitted job: a function taking a NewJob and
+    returning a dict of the SUBMITTED columns' values, by column name.
+
+    ``writes`` gives each kind's conversion of an attribute's value ``{}`` (which may
+    name ``namespace``'s globals); a null value of a nullable column stays None (a list of
+    ids: None when empty), unless the conversion is the value itself.
+    """
+    entries = []
+    for c in SUBMITTED:
+        write = writes[c.kind]
+        value = write.replace("{}", f"job.{c.attribute}")
+        if c.kind is Kind.IDS:
+            value = f"{value} if job.{c.attribute} else None"
+        elif c.null and write != "{}":
+            value = f"None if job.{c.attribute} is None else {value}"
+        entries.append(f'"{c.name}": {value}')
+    body = ",\n        ".join(entries)
+    source = f"def params(job):\n    return {{\n        {body},\n    }}\n"
+    scope = dict(namespace)
+    exec(compile(source, f"<job writer: {writes[Kind.JSON]}>", "exec"), scope)
+    writer: Callable[[NewJob], dict[str, Any]] = scope["params"]
+    writer.__doc__ = f"A submitted job's column values, by name.\n\n{source}"
+    return writer

@@ -18,9 +18,9 @@ from psycopg.rows import tuple_row
 from psycopg.types.datetime import TimestamptzLoader
 
 from conveyor.core.jsontext import loads
-from conveyor.core.model import JSON, Job, Progress
+from conveyor.core.model import Job, Progress
 from conveyor.store._queries import load_queries
-from conveyor.store._rows import JOB_COLUMNS, STATUS, job_picker
+from conveyor.store._rows import JOB_COLUMNS, Kind, job_picker, job_reader
 from conveyor.store.protocol import Lease
 from conveyor.store.scripts import (
     Script,
@@ -76,59 +76,14 @@ def job_of_row(row: Mapping[str, Any]) -> Job:
     return _job_of(*_pick_job(row))
 
 
-def _job_of(
-    id: str, type: str, queue: str, tenant: str | None, payload: Any, status: str,
-    priority: int, attempt: int, max_attempts: int, run_at: datetime, created_at: datetime,
-    timeout: float | None, lease_seconds: float | None, backoff_base: float,
-    backoff_cap: float, progress_done: float | None, progress_total: float | None,
-    progress_message: str | None, state: JSON, result: JSON, result_ref: str | None,
-    error: str | None, parent_id: str | None, root_id: str | None,
-    depends_on: list[str] | None, unique_key: str | None, concurrency_key: str | None,
-    retry_of: str | None, started_at: datetime | None, finished_at: datetime | None,
-    lease_owner: str | None, lease_expires_at: datetime | None, lease_token: int,
-    cancel_requested: bool,
-    trace_context: str | None, retry_count: int, retried_by: str | None, submitted_by: str,
-) -> Job:  # fmt: skip
-    return Job(
-        id=id,
-        type=type,
-        queue=queue,
-        tenant=tenant,
-        payload=payload,
-        status=STATUS[status],
-        priority=priority,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        run_at=utc(run_at),
-        created_at=utc(created_at),
-        timeout=timeout,
-        lease=lease_seconds,
-        backoff_base=backoff_base,
-        backoff_cap=backoff_cap,
-        progress=None
-        if progress_done is None
-        else Progress(done=progress_done, total=progress_total, message=progress_message),
-        state=state,
-        result=result,
-        result_ref=result_ref,
-        error=error,
-        parent_id=parent_id,
-        root_id=root_id,
-        depends_on=tuple(depends_on) if depends_on else (),
-        unique_key=unique_key,
-        concurrency_key=concurrency_key,
-        retry_of=retry_of,
-        started_at=None if started_at is None else utc(started_at),
-        finished_at=None if finished_at is None else utc(finished_at),
-        lease_owner=lease_owner,
-        lease_expires_at=None if lease_expires_at is None else utc(lease_expires_at),
-        lease_token=lease_token,
-        cancel_requested=cancel_requested,
-        trace_context=trace_context,
-        retry_count=retry_count,
-        retried_by=retried_by,
-        submitted_by=submitted_by,
-    )
+# How PostgreSQL's values arrive (conveyor/store/_rows.py): documents already read by
+# JsonText, lists of ids as lists, times as datetimes (made UTC), booleans as bool.
+_READS = {kind: "{}" for kind in Kind} | {
+    Kind.TIME: "at({})",
+    Kind.IDS: "tuple({}) if {} else ()",
+    Kind.STATUS: "STATUS[{}]",
+}
+_job_of = job_reader(_READS, {}, at=utc)
 
 
 class JsonText(Loader):

@@ -22,7 +22,7 @@ from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError
-from conveyor.store._rows import STATUS
+from conveyor.store._rows import STATUS, Kind, job_writer
 from conveyor.store.postgres._codec import (
     Q,
     job_of_row,
@@ -32,7 +32,7 @@ from conveyor.store.postgres._codec import (
     utc,
 )
 from conveyor.store.protocol import Submitted
-from conveyor.store.scripts import Script, check_dependencies, check_same_tenant, dumps
+from conveyor.store.scripts import Script, check_dependencies, check_same_tenant
 
 T = TypeVar("T")
 
@@ -41,73 +41,37 @@ T = TypeVar("T")
 _SUBMIT_ROUNDS = 5
 
 
+# A submitted job's columns as PostgreSQL's submits take them (conveyor/store/_rows.py):
+# documents as JSON text, inside the batch's JSON or as a parameter; lists of ids as lists.
+_written = job_writer(
+    {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})", Kind.IDS: "list({})"},
+    {"compact": compact},
+)
+
+
 def _submit_params(
     jobs: Sequence[NewJob], now: datetime | None, status: Status = Status.QUEUED
 ) -> dict[str, Any]:
+    rows = []
+    for j in jobs:
+        row = _written(j)
+        row["run_at"] = None if j.run_at is None else utc(j.run_at).isoformat()
+        row["delay"] = j.delay
+        rows.append(row)
     return {
         "now": now,
         "status": status.value,
-        "jobs": json.dumps(
-            [
-                {
-                    "id": j.id,
-                    "type": j.type,
-                    "queue": j.queue,
-                    "tenant": j.tenant,
-                    "payload": json.dumps(j.payload, separators=(",", ":")),
-                    "priority": j.priority,
-                    "max_attempts": j.max_attempts,
-                    "run_at": None if j.run_at is None else utc(j.run_at).isoformat(),
-                    "delay": j.delay,
-                    "timeout": j.timeout,
-                    "lease_seconds": j.lease,
-                    "backoff_base": j.backoff_base,
-                    "backoff_cap": j.backoff_cap,
-                    "state": dumps(j.state),
-                    "parent_id": j.parent_id,
-                    "root_id": j.root_id,
-                    "depends_on": list(j.depends_on) if j.depends_on else None,
-                    "unique_key": j.unique_key,
-                    "concurrency_key": j.concurrency_key,
-                    "retry_of": j.retry_of,
-                    "trace_context": j.trace_context,
-                    "retry_count": j.retry_count,
-                    "submitted_by": j.submitted_by,
-                }
-                for j in jobs
-            ],
-            separators=(",", ":"),
-            allow_nan=False,
-        ),
+        "jobs": json.dumps(rows, separators=(",", ":"), allow_nan=False),
     }
 
 
 def _one_params(job: NewJob, now: datetime | None) -> dict[str, Any]:
-    return {
-        "now": now,
-        "id": job.id,
-        "type": job.type,
-        "queue": job.queue,
-        "tenant": job.tenant,
-        "payload": compact(job.payload),
-        "priority": job.priority,
-        "max_attempts": job.max_attempts,
-        "run_at": None if job.run_at is None else utc(job.run_at),
-        "delay": float(job.delay),
-        "timeout": job.timeout,
-        "lease_seconds": job.lease,
-        "backoff_base": job.backoff_base,
-        "backoff_cap": job.backoff_cap,
-        "state": None if job.state is None else compact(job.state),
-        "parent_id": job.parent_id,
-        "root_id": job.root_id,
-        "unique_key": job.unique_key,
-        "concurrency_key": job.concurrency_key,
-        "retry_of": job.retry_of,
-        "trace_context": job.trace_context,
-        "retry_count": job.retry_count,
-        "submitted_by": job.submitted_by,
-    }
+    """submit_one's parameters (``depends_on``, always empty there, is not used)."""
+    params = _written(job)
+    params["now"] = now
+    params["run_at"] = None if job.run_at is None else utc(job.run_at)
+    params["delay"] = float(job.delay)
+    return params
 
 
 async def submit_one(

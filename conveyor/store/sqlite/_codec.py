@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.core.jsontext import compact, loads
 from conveyor.core.lifecycle import Status, dependency_event
-from conveyor.core.model import JSON, Job, NewJob, Progress
+from conveyor.core.model import JSON, Job, NewJob
 from conveyor.store._queries import load_queries
-from conveyor.store._rows import STATUS, job_picker
+from conveyor.store._rows import STATUS, Kind, job_picker, job_reader, job_writer
 from conveyor.store.protocol import Submitted
-from conveyor.store.scripts import Row, Script, check_dependencies, check_same_tenant, dumps
+from conveyor.store.scripts import Row, Script, check_dependencies, check_same_tenant
 
 SUBMIT_ONE = load_queries("conveyor.store.sqlite")["submit_one"]
 
@@ -100,91 +100,28 @@ def _at(value: float) -> datetime:
     return datetime.fromtimestamp(value, UTC)
 
 
-def _job_of(
-    id: str, type: str, queue: str, tenant: str | None, payload: str, status: str,
-    priority: int, attempt: int, max_attempts: int, run_at: float, created_at: float,
-    timeout: float | None, lease_seconds: float | None, backoff_base: float,
-    backoff_cap: float, progress_done: float | None, progress_total: float | None,
-    progress_message: str | None, state: str | None, result: str | None,
-    result_ref: str | None, error: str | None, parent_id: str | None, root_id: str | None,
-    depends_on: str | None, unique_key: str | None, concurrency_key: str | None,
-    retry_of: str | None, started_at: float | None, finished_at: float | None,
-    lease_owner: str | None, lease_expires_at: float | None, lease_token: int,
-    cancel_requested: int,
-    trace_context: str | None, retry_count: int, retried_by: str | None, submitted_by: str,
-    *, at: Callable[[float], datetime] = _at,
-) -> Job:  # fmt: skip
-    return Job(
-        id=id,
-        type=type,
-        queue=queue,
-        tenant=tenant,
-        payload=loads(payload),
-        status=STATUS[status],
-        priority=priority,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        run_at=at(run_at),
-        created_at=at(created_at),
-        timeout=timeout,
-        lease=lease_seconds,
-        backoff_base=backoff_base,
-        backoff_cap=backoff_cap,
-        progress=None
-        if progress_done is None
-        else Progress(done=progress_done, total=progress_total, message=progress_message),
-        state=None if state is None else loads(state),
-        result=None if result is None else loads(result),
-        result_ref=result_ref,
-        error=error,
-        parent_id=parent_id,
-        root_id=root_id,
-        depends_on=tuple(json.loads(depends_on)) if depends_on else (),
-        unique_key=unique_key,
-        concurrency_key=concurrency_key,
-        retry_of=retry_of,
-        started_at=None if started_at is None else at(started_at),
-        finished_at=None if finished_at is None else at(finished_at),
-        lease_owner=lease_owner,
-        lease_expires_at=None if lease_expires_at is None else at(lease_expires_at),
-        lease_token=lease_token,
-        cancel_requested=bool(cancel_requested),
-        trace_context=trace_context,
-        retry_count=retry_count,
-        retried_by=retried_by,
-        submitted_by=submitted_by,
-    )
+# How SQLite stores each kind of column (conveyor/store/_rows.py): documents and lists
+# of ids as JSON text, times as epoch seconds, booleans as 0 or 1.
+_READS = {
+    Kind.TEXT: "{}", Kind.INT: "{}", Kind.BIGINT: "{}", Kind.FLOAT: "{}",
+    Kind.BOOL: "bool({})", Kind.JSON: "loads({})", Kind.TIME: "at({})",
+    Kind.IDS: "tuple(json_loads({})) if {} else ()", Kind.STATUS: "STATUS[{}]",
+}  # fmt: skip
+_WRITES = {kind: "{}" for kind in Kind} | {
+    Kind.JSON: "compact({})",
+    Kind.IDS: "json_dumps(list({}))",
+}
+_job_of = job_reader(_READS, {"loads": loads, "json_loads": json.loads}, at=_at)
+_written = job_writer(_WRITES, {"compact": compact, "json_dumps": json.dumps})
 
 
 def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
     """Return insert_job's parameters for a job submitted at ``now``."""
-    run_at = epoch(job.run_at) if job.run_at is not None else now + job.delay
-    return {
-        "id": job.id,
-        "type": job.type,
-        "queue": job.queue,
-        "tenant": job.tenant,
-        "payload": compact(job.payload),
-        "status": (Status.PENDING if job.depends_on else Status.QUEUED).value,
-        "priority": job.priority,
-        "max_attempts": job.max_attempts,
-        "run_at": run_at,
-        "timeout": job.timeout,
-        "lease_seconds": job.lease,
-        "backoff_base": job.backoff_base,
-        "backoff_cap": job.backoff_cap,
-        "state": dumps(job.state),
-        "parent_id": job.parent_id,
-        "root_id": job.root_id,
-        "depends_on": json.dumps(list(job.depends_on)) if job.depends_on else None,
-        "unique_key": job.unique_key,
-        "concurrency_key": job.concurrency_key,
-        "retry_of": job.retry_of,
-        "trace_context": job.trace_context,
-        "retry_count": job.retry_count,
-        "submitted_by": job.submitted_by,
-        "now": now,
-    }
+    params = _written(job)
+    params["status"] = (Status.PENDING if job.depends_on else Status.QUEUED).value
+    params["run_at"] = epoch(job.run_at) if job.run_at is not None else now + job.delay
+    params["now"] = now
+    return params
 
 
 def submit_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:

@@ -1,0 +1,76 @@
+"""The job row's declaration (conveyor/store/_rows.py) agrees with each backend's schema,
+and the readers and writers generated from it read and write what a store does."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sqlite3
+
+import psycopg
+
+from conveyor.core.model import Job, NewJob
+from conveyor.store import Store
+from conveyor.store._queries import load_queries
+from conveyor.store._rows import JOB_COLUMNS, JOB_TABLE, SQL_TYPES, SUBMITTED
+from conveyor.store.sqlite.backend import parse_sqlite_url
+
+
+async def test_the_declared_columns_are_those_of_a_freshly_migrated_database(
+    store: Store, db_url: str, backend: str
+) -> None:
+    # ``store`` has opened, so migrated, the database.
+    if backend == "sqlite":
+        conn = sqlite3.connect(parse_sqlite_url(db_url))
+        try:
+            found = {
+                name: (kind, not notnull and not primary)  # a key is never null
+                for _, name, kind, notnull, _, primary in conn.execute(
+                    "SELECT * FROM pragma_table_info('conveyor_jobs')"
+                )
+            }
+        finally:
+            conn.close()
+    else:
+        async with await psycopg.AsyncConnection.connect(db_url) as pg:
+            cursor = await pg.execute(
+                "SELECT column_name, format_type(atttypid, atttypmod), is_nullable "
+                "FROM information_schema.columns "
+                "JOIN pg_attribute ON attrelid = 'conveyor_jobs'::regclass "
+                "AND attname = column_name "
+                "WHERE table_schema = current_schema() AND table_name = 'conveyor_jobs'"
+            )
+            found = {name: (kind, null == "YES") for name, kind, null in await cursor.fetchall()}
+    types = SQL_TYPES[backend]
+    declared = {c.name: (types[c.kind], c.null) for c in JOB_TABLE}
+    assert found == declared
+
+
+def test_every_field_of_a_job_is_read_and_every_field_of_a_new_job_written() -> None:
+    read = {c.attribute.partition(".")[0] for c in JOB_TABLE}
+    assert read == {f.name for f in dataclasses.fields(Job)} - {"below"}  # below: counts
+    written = {c.attribute for c in SUBMITTED}
+    # run_at and delay decide the run_at column; the store decides the status.
+    assert written == {f.name for f in dataclasses.fields(NewJob)} - {"run_at", "delay"}
+    assert len(set(JOB_COLUMNS)) == len(JOB_COLUMNS)
+
+
+# What a submit's INSERT leaves out of the SUBMITTED columns, and why.
+_LEFT_OUT = {
+    ("postgres", "submit_one"): {"depends_on"},  # a job without dependencies
+}
+
+
+def test_each_submit_statement_names_the_declared_columns() -> None:
+    decided = {"status", "run_at", "created_at"}  # by the store, not from a NewJob
+    expected = {c.name for c in SUBMITTED} | decided
+    for backend, package, names in [
+        ("sqlite", "conveyor.store.sqlite", ["insert_job", "submit_one", "insert_jobs"]),
+        ("postgres", "conveyor.store.postgres", ["submit", "submit_one"]),
+    ]:
+        queries = load_queries(package)
+        for name in names:
+            match = re.search(r"INSERT INTO conveyor_jobs \(([^)]*)\)", queries[name])
+            assert match, name
+            columns = {c.strip() for c in match.group(1).split(",")}
+            assert columns == expected - _LEFT_OUT.get((backend, name), set()), (backend, name)
