@@ -13,6 +13,7 @@ import json
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import psycopg
@@ -118,10 +119,20 @@ def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Su
 # A batch at least this large, of jobs without unique keys or dependencies, is written with
 # COPY: no JSON to build and parse, no conflict arbitration per row. Below it, one INSERT.
 COPY_MIN = 50
-_COPY_COLUMNS = (
-    "id", "type", "queue", "tenant", "payload", "status", "priority", "max_attempts", "run_at",
-    "timeout", "lease_seconds", "backoff_base", "backoff_cap", "state", "parent_id", "root_id",
-    "concurrency_key", "retry_of", "trace_context", "retry_count", "submitted_by", "created_at",
+# Each job's own values first, then the ones a batch's jobs usually share (written once
+# per distinct set: see copy_jobs).
+_OWN_COLUMNS = ("id", "payload", "run_at", "state")
+_SHARED_COLUMNS = (
+    "type", "queue", "tenant", "status", "priority", "max_attempts", "timeout", "lease_seconds",
+    "backoff_base", "backoff_cap", "parent_id", "root_id", "concurrency_key", "retry_of",
+    "trace_context", "retry_count", "submitted_by", "created_at",
+)  # fmt: skip
+_COPY_COLUMNS = _OWN_COLUMNS + _SHARED_COLUMNS
+# The NewJob fields behind the shared columns (status and created_at are the batch's).
+_shared_fields = attrgetter(
+    "type", "queue", "tenant", "priority", "max_attempts", "timeout", "lease", "backoff_base",
+    "backoff_cap", "parent_id", "root_id", "concurrency_key", "retry_of", "trace_context",
+    "retry_count", "submitted_by",
 )  # fmt: skip
 _COPY_CHUNK = 100  # rows sent to the server at a time
 _COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
@@ -152,24 +163,44 @@ def _copy_number(value: float | None) -> str:
     return "\\N" if value is None else repr(value)
 
 
+def _shared_text(values: tuple[Any, ...], created_text: str) -> str:
+    """The shared columns of a row, as COPY text, from ``_shared_fields`` of its job."""
+    (job_type, queue, tenant, priority, max_attempts, timeout, lease, backoff_base) = values[:8]
+    (backoff_cap, parent_id, root_id, concurrency_key, retry_of, trace_context) = values[8:14]
+    (retry_count, submitted_by) = values[14:]
+    text, number = _copy_text, _copy_number
+    return (
+        f"{text(job_type)}\t{text(queue)}\t{text(tenant)}\tqueued\t{int(priority)}\t"
+        f"{int(max_attempts)}\t{number(timeout)}\t{number(lease)}\t"
+        f"{float(backoff_base)!r}\t{float(backoff_cap)!r}\t{text(parent_id)}\t"
+        f"{text(root_id)}\t{text(concurrency_key)}\t{text(retry_of)}\t"
+        f"{text(trace_context)}\t{int(retry_count)}\t{text(submitted_by)}\t{created_text}\n"
+    )
+
+
 def copy_jobs(
     conn: psycopg.Connection[Any], jobs: Sequence[NewJob], now: datetime | None
 ) -> list[Submitted]:
-    """Insert queued jobs with COPY, in the caller's transaction, as the submit INSERT would.
+    """Insert queued jobs with COPY, as the submit INSERT would.
 
-    The times are the transaction's ``now()`` (read first), which the INSERT uses too.
+    On a connection in autocommit (the store's), the COPY is a transaction of its own:
+    three round trips in all (``now()``, the COPY's start and its end), where BEGIN and
+    COMMIT would add two. The times are the server's ``now()``, read first: as if the
+    transaction had begun then, as the INSERT's does.
     COPY has no ON CONFLICT: an id already taken (a resubmitted client id, or this very
     batch committed once before a lost connection) raises UniqueViolation, and the caller
     submits the batch again the usual way, which returns the existing jobs.
 
-    The rows are written as COPY text here, the values shared by the batch formatted once
-    (per-value adaptation by ``write_row`` cost more than everything else on the client),
-    and sent a hundred at a time: the server inserts them while the next are written.
+    The rows are written as COPY text here (per-value adaptation by ``write_row`` cost
+    more than everything else on the client), and sent a hundred at a time: the server
+    inserts them while the next are written. A row is its job's own values (id, payload,
+    run time, state) and the rest, which the jobs of a batch usually share (type, queue,
+    options, submitter...): that part is formatted once for each distinct set of values.
     """
     results = []
     lines: list[str] = []
-    text = _copy_text
-    number = _copy_number
+    shared: dict[tuple[Any, ...], str] = {}
+    text, encode, queued = _copy_text, compact, Status.QUEUED
     with conn.cursor(row_factory=tuple_row) as cursor:
         if now is None:
             ((now,),) = cursor.execute("SELECT now()").fetchall()
@@ -186,18 +217,15 @@ def copy_jobs(
                         else created + timedelta(seconds=j.delay)
                     )
                     run_at_text = run_at.isoformat()
-                state = None if j.state is None else compact(j.state)
+                key = _shared_fields(j)
+                rest = shared.get(key)
+                if rest is None:
+                    rest = shared[key] = _shared_text(key, created_text)
+                state = "\\N" if j.state is None else text(encode(j.state))
                 lines.append(
-                    f"{text(j.id)}\t{text(j.type)}\t{text(j.queue)}\t{text(j.tenant)}\t"
-                    f"{text(compact(j.payload))}\tqueued\t{int(j.priority)}\t"
-                    f"{int(j.max_attempts)}\t{run_at_text}\t{number(j.timeout)}\t"
-                    f"{number(j.lease)}\t{float(j.backoff_base)!r}\t"
-                    f"{float(j.backoff_cap)!r}\t{text(state)}\t{text(j.parent_id)}\t"
-                    f"{text(j.root_id)}\t{text(j.concurrency_key)}\t{text(j.retry_of)}\t"
-                    f"{text(j.trace_context)}\t{int(j.retry_count)}\t"
-                    f"{text(j.submitted_by)}\t{created_text}\n"
+                    f"{text(j.id)}\t{text(encode(j.payload))}\t{run_at_text}\t{state}\t{rest}"
                 )
-                results.append(Submitted(j.stored(Status.QUEUED, run_at, created), created=True))
+                results.append(Submitted(j.stored(queued, run_at, created), created=True))
                 if n % _COPY_CHUNK == 0:
                     copy.write("".join(lines))
                     lines.clear()

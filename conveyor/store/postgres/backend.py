@@ -481,7 +481,9 @@ class PostgresStore(ScriptedOps, SharedReads):
                 return await self._read(lambda: submit_steps(jobs, None))
             if copyable(jobs):
                 try:
-                    return await self._transaction(lambda conn: copy_jobs(conn, jobs, self._now()))
+                    return await self._transaction(
+                        lambda conn: copy_jobs(conn, jobs, self._now()), atomic=False
+                    )
                 except psycopg.errors.UniqueViolation:
                     pass  # an id is taken: the INSERT below returns the job holding it
             return await self._script(lambda: submit_steps(jobs, None))
