@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from conveyor import (
     Conveyor,
     InvalidState,
     JobContext,
+    JobNotFound,
     Outcome,
     RetryLimitReached,
     Status,
@@ -320,6 +323,74 @@ async def test_cancel_of_a_waiting_parent_fires_on_complete_and_counts_the_tree(
     assert told_job.result == "cancelled"
     await root.refresh()
     assert root.status is Status.CANCELLED and root.below == TreeCounts(cancelled=3)
+
+
+async def test_cancel_of_a_running_parent_ends_it_once_its_running_children_stopped(
+    app: Conveyor,
+) -> None:
+    """A parent cancelled while its handler runs, with children running below it, ends
+    (and fires its callback, every child counted) only once they have stopped, as a
+    waiting parent does: its own handler stopping is not the end of its batch."""
+    asked, gate = threading.Event(), threading.Event()
+
+    @app.job()
+    def slow_to_stop(ctx: JobContext) -> None:
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        asked.set()
+        gate.wait(30)  # stopping takes a while
+        ctx.raise_if_cancelled()
+
+    @app.job()
+    async def told(ctx: JobContext, batch: dict[str, Any]) -> dict[str, Any]:
+        return batch
+
+    @app.job()
+    async def parent(ctx: JobContext) -> None:
+        await ctx.spawn_many(
+            [Submission("slow_to_stop", {}, id=f"{ctx.id}.{i}") for i in range(2)],
+            on_complete="told",
+        )
+        await asyncio.Event().wait()  # runs until cancelled
+
+    root = await app.submit("parent", {})
+    async with running_worker(app, concurrency=4):
+
+        async def children_running() -> bool:
+            await root.refresh()
+            return root.below is not None and root.below.running == 2
+
+        await eventually(children_running)
+        await app.cancel(root.id, reason="not needed")
+        await asyncio.to_thread(asked.wait, 30)
+
+        async def handler_stopped() -> bool:
+            return (await root.refresh()).status is not Status.RUNNING
+
+        await eventually(handler_stopped)
+        assert root.status is Status.WAITING, "it waits for the children still stopping"
+        assert not root.terminal
+        with pytest.raises(JobNotFound):
+            await app.get(f"{root.id}.on_complete")
+        gate.set()
+
+        async def fired() -> bool:
+            try:
+                await app.get(f"{root.id}.on_complete")
+            except JobNotFound:
+                return False
+            return True
+
+        await eventually(fired)
+        callback = await settled(await app.get(f"{root.id}.on_complete"))
+    assert callback.result["status"] == "cancelled"
+    assert (callback.result["cancelled"], callback.result["total"]) == (2, 2)
+    await root.refresh()
+    assert (root.status, root.error) == (Status.CANCELLED, "not needed")
+    assert root.below == TreeCounts(cancelled=2)
+    children = await app.children(root.id)
+    ended = [c.record.finished_at for c in children if c.record.finished_at is not None]
+    assert len(ended) == 2 and callback.record.created_at >= max(ended)
 
 
 async def test_lists_hold_top_level_jobs_unless_children_are_asked_for(app: Conveyor) -> None:

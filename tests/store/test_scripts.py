@@ -161,11 +161,42 @@ def test_a_parent_decided_from_its_children_fires_its_callbacks_and_skips_the_lo
 def test_a_parent_still_with_work_below_it_waits() -> None:
     db = Canned({"lock_counts": [[counts(active=1, succeeded=1)]]})
     returned = Settlement("p", 7, Status.SUCCEEDED, Outcome.SUCCEEDED)
-    (decided,) = scripts.drive(scripts.decide_from_children([returned]), db)
+    (decided,) = scripts.drive(scripts.decide_from_children(DIALECT, [returned]), db)
     assert decided.status is Status.WAITING and decided.token == 7
     db = Canned({"lock_counts": [[counts(succeeded=1, failed=2)]]})
-    (decided,) = scripts.drive(scripts.decide_from_children([returned]), db)
+    (decided,) = scripts.drive(scripts.decide_from_children(DIALECT, [returned]), db)
     assert decided.status is Status.FAILED and "2" in (decided.error or "")
+
+
+def test_a_cancelled_parent_with_work_below_it_stops_that_work_and_waits() -> None:
+    """Its handler raised the cancel itself: the cancel is recorded as asked for (so the
+    parent ends cancelled, not failed from its cancelled children), and the running
+    child is asked to stop."""
+    db = Canned(
+        {
+            "get": [[{"id": "p", "status": "running", "cancel_requested": False}]],
+            "unfinished_descendants": [[{"id": "p.0", "status": "running"}]],
+            "lock_counts": [[counts(active=1)]],
+        }
+    )
+    stopped = Settlement("p", 7, Status.CANCELLED, Outcome.CANCELLED, error="enough")
+    (decided,) = scripts.drive(scripts.decide_from_children(DIALECT, [stopped]), db)
+    assert decided.status is Status.WAITING and decided.outcome is Outcome.CANCELLED
+    assert db.params("request_cancel") == [
+        {"id": "p", "reason": "enough"},
+        {"id": "p.0", "reason": "parent p cancelled"},
+    ]
+    # Nothing left unfinished below it: it ends cancelled now, its cancel already asked.
+    db = Canned(
+        {
+            "get": [[{"id": "p", "status": "running", "cancel_requested": True}]],
+            "unfinished_descendants": [[]],
+            "lock_counts": [[counts(cancelled=2)]],
+        }
+    )
+    (decided,) = scripts.drive(scripts.decide_from_children(DIALECT, [stopped]), db)
+    assert decided.status is Status.CANCELLED
+    assert db.names == ["get", "unfinished_descendants", "lock_counts"]
 
 
 # -- other scripts -------------------------------------------------------------------------
@@ -275,5 +306,7 @@ def test_drive_async_runs_a_script_as_drive_does() -> None:
         return db(name, params)
 
     returned = Settlement("p", 1, Status.SUCCEEDED, Outcome.SUCCEEDED)
-    (decided,) = asyncio.run(scripts.drive_async(scripts.decide_from_children([returned]), execute))
+    (decided,) = asyncio.run(
+        scripts.drive_async(scripts.decide_from_children(DIALECT, [returned]), execute)
+    )
     assert decided.status is Status.WAITING and db.names == ["lock_counts"]

@@ -214,7 +214,7 @@ class Settles:
         deferred = [s for s in settlements if s.job_id in by_id and by_id[s.job_id]["deferred"]]
         parents: frozenset[str] = frozenset()
         if deferred:
-            decided = self._drive(conn, scripts.decide_from_children(deferred))
+            decided = self._drive(conn, scripts.decide_from_children(DIALECT, deferred))
             params = settle_params(decided, now, True)
             for row in conn.execute(Q["settle"], params).fetchall():
                 by_id[row["id"]] = row

@@ -211,8 +211,9 @@ WHERE (SELECT count(*) FROM locked) < cardinality(%(ids)s::text[])
 -- name: settle
 -- End attempts, fenced by the lease (the row must still be running under the token), and
 -- record each ended attempt. Returns the jobs settled, with their parent, and the jobs
--- deferred: unless %(decided)s, a job reported succeeded that has children is held but
--- not settled, for the store to decide from its children. Ids not returned were refused.
+-- deferred: unless %(decided)s, a job reported succeeded or cancelled that has children is
+-- held but not settled, for the store to decide from its children. Ids not returned were
+-- refused.
 WITH ended AS (
     SELECT * FROM unnest(
         %(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(outcomes)s::text[],
@@ -235,7 +236,7 @@ held AS MATERIALIZED (
            -- A job with children has a row of counts (a primary-key probe of a small
            -- table: a probe of the parent index can be planned as a scan of every job
            -- once most jobs share one parent).
-           (NOT %(decided)s AND e.status = 'succeeded'
+           (NOT %(decided)s AND e.status IN ('succeeded', 'cancelled')
             AND EXISTS (SELECT 1 FROM conveyor_job_counts c WHERE c.job_id = j.id)) AS deferred
     FROM locked j JOIN ended e ON e.id = j.id AND e.token = j.lease_token
     WHERE j.status = 'running'
@@ -249,7 +250,7 @@ settled AS (
         result = e.result::json,
         result_ref = coalesce(e.result_ref, j.result_ref),
         -- A cancelled job keeps the reason its cancel request stored.
-        error = CASE WHEN e.status IN ('queued', 'cancelled') AND e.cancel_requested
+        error = CASE WHEN e.status IN ('queued', 'cancelled', 'waiting') AND e.cancel_requested
                           THEN coalesce(j.error, e.error)
                      WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
                      ELSE e.error END,

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from conveyor.core.lifecycle import (
+    Event,
     Status,
     children_error,
     children_event,
@@ -126,16 +127,45 @@ def lock_counts(ids: Sequence[str]) -> Script[dict[str, dict[Status, int]]]:
     return {row["job_id"]: counts_by_status(row) for row in rows}
 
 
-def decide_from_children(settlements: Sequence[Settlement]) -> Script[list[Settlement]]:
-    """Turn 'the handler returned' into waiting, succeeded or failed, from the jobs below."""
+def decide_from_children(
+    dialect: Dialect, settlements: Sequence[Settlement]
+) -> Script[list[Settlement]]:
+    """Decide what jobs with children become now that their handlers stopped.
+
+    A return waits for the jobs below, or succeeds or fails from them. A cancel ends the
+    job cancelled at once only if nothing below it is unfinished; otherwise what is below
+    is asked to stop (a cancel the handler raised itself is recorded as asked for), and
+    the job waits, to end cancelled, with its callbacks and every job below it counted,
+    once the last of them has ended, as a waiting parent asked to stop does.
+    """
+    for s in settlements:
+        if s.status is Status.CANCELLED:
+            yield from _stop_below(dialect, s)
     counts = yield from lock_counts([s.job_id for s in settlements])
     decided = []
     for s in settlements:
         below = counts.get(s.job_id, {})
+        if s.status is Status.CANCELLED:
+            if children_event(below) is None:
+                waiting = transition(Status.RUNNING, Event.AWAIT_CHILDREN)
+                decided.append(dataclasses.replace(s, status=waiting))
+            else:
+                decided.append(s)
+            continue
         status = transition(Status.RUNNING, returned_event(below))
         error = children_error(below) if status is Status.FAILED else s.error
         decided.append(dataclasses.replace(s, status=status, error=error))
     return decided
+
+
+def _stop_below(dialect: Dialect, cancelled: Settlement) -> Script[None]:
+    """Ask what runs below a job whose handler ended cancelled to stop, and record the
+    cancel as asked for, so the job ends cancelled when the last of them has ended."""
+    rows = yield "get", {"id": cancelled.job_id}
+    if rows and not rows[0]["cancel_requested"]:
+        reason = cancelled.error or "cancelled by its handler"
+        yield "request_cancel", {"id": cancelled.job_id, "reason": reason}
+    yield from _cancel_below(dialect, cancelled.job_id, waiting=False)
 
 
 def finish_parent(

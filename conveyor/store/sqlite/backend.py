@@ -54,6 +54,8 @@ from conveyor.store.sqlite._writer import GroupWriter
 
 T = TypeVar("T")
 
+# A job with children whose handler ended so is decided from the jobs below it.
+_DECIDED_BELOW = frozenset({Status.SUCCEEDED, Status.CANCELLED})
 _Q = load_queries("conveyor.store.sqlite")
 _MIGRATIONS = load_migrations("conveyor.store.sqlite")
 
@@ -445,16 +447,16 @@ class SQLiteStore(ScriptedOps, SharedReads):
     def _decide(
         self, conn: sqlite3.Connection, settlements: Sequence[Settlement], now: float
     ) -> tuple[dict[str, Settlement], frozenset[str]]:
-        """Decide from the jobs below them what jobs with children that returned become;
-        return the decisions and the ids of those jobs."""
+        """Decide from the jobs below them what jobs with children that returned or were
+        cancelled become; return the decisions and the ids of those jobs."""
         decided = {s.job_id: s for s in settlements}
-        if not any(s.status is Status.SUCCEEDED for s in settlements):
+        if not any(s.status in _DECIDED_BELOW for s in settlements):
             return decided, frozenset()
         ids = json.dumps([s.job_id for s in settlements])
         parents = {r[0] for r in conn.execute(_Q["parents_among"], {"ids": ids})}
-        returned = [s for s in settlements if s.status is Status.SUCCEEDED and s.job_id in parents]
+        returned = [s for s in settlements if s.status in _DECIDED_BELOW and s.job_id in parents]
         if returned:
-            for d in self._drive(conn, scripts.decide_from_children(returned), now):
+            for d in self._drive(conn, scripts.decide_from_children(DIALECT, returned), now):
                 decided[d.job_id] = d
         return decided, frozenset(s.job_id for s in returned)
 

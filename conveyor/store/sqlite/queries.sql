@@ -159,7 +159,7 @@ SET status = CASE WHEN e.status = 'queued' AND j.cancel_requested THEN 'cancelle
     result = e.result,
     result_ref = coalesce(e.result_ref, j.result_ref),
     -- A cancelled job keeps the reason its cancel request stored.
-    error = CASE WHEN e.status IN ('queued', 'cancelled') AND j.cancel_requested
+    error = CASE WHEN e.status IN ('queued', 'cancelled', 'waiting') AND j.cancel_requested
                       THEN coalesce(j.error, e.error)
                  WHEN e.status = 'cancelled' THEN coalesce(e.error, j.error)
                  ELSE e.error END,
