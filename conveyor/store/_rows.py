@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,9 @@ class Column:
     # Whether a submit writes it from the NewJob attribute of ``field``'s name; the other
     # columns are decided by the store (status, times) or start at their default.
     submitted: bool = False
+    # Whether submits usually leave it empty (None, 0): a bulk insert may bind it only
+    # when some job of its batch sets it.
+    sparse: bool = False
 
     @property
     def attribute(self) -> str:
@@ -68,7 +71,7 @@ JOB_TABLE = (
     Column("id", _T, submitted=True),
     Column("type", _T, submitted=True),
     Column("queue", _T, submitted=True),
-    Column("tenant", _T, null=True, submitted=True),
+    Column("tenant", _T, null=True, submitted=True, sparse=True),
     Column("payload", Kind.JSON, submitted=True),
     Column("status", Kind.STATUS),
     Column("priority", _I, submitted=True),
@@ -76,31 +79,31 @@ JOB_TABLE = (
     Column("max_attempts", _I, submitted=True),
     Column("run_at", Kind.TIME),
     Column("created_at", Kind.TIME),
-    Column("timeout", _F, null=True, submitted=True),
-    Column("lease_seconds", _F, null=True, field="lease", submitted=True),
+    Column("timeout", _F, null=True, submitted=True, sparse=True),
+    Column("lease_seconds", _F, null=True, field="lease", submitted=True, sparse=True),
     Column("backoff_base", _F, submitted=True),
     Column("backoff_cap", _F, submitted=True),
     Column("progress_done", _F, null=True, field="progress.done"),
     Column("progress_total", _F, null=True, field="progress.total"),
     Column("progress_message", _T, null=True, field="progress.message"),
-    Column("state", Kind.JSON, null=True, submitted=True),
+    Column("state", Kind.JSON, null=True, submitted=True, sparse=True),
     Column("result", Kind.JSON, null=True),
     Column("result_ref", _T, null=True),
     Column("error", _T, null=True),
-    Column("parent_id", _T, null=True, submitted=True),
-    Column("root_id", _T, null=True, submitted=True),
-    Column("depends_on", Kind.IDS, null=True, submitted=True),
-    Column("unique_key", _T, null=True, submitted=True),
-    Column("concurrency_key", _T, null=True, submitted=True),
-    Column("retry_of", _T, null=True, submitted=True),
+    Column("parent_id", _T, null=True, submitted=True, sparse=True),
+    Column("root_id", _T, null=True, submitted=True, sparse=True),
+    Column("depends_on", Kind.IDS, null=True, submitted=True, sparse=True),
+    Column("unique_key", _T, null=True, submitted=True, sparse=True),
+    Column("concurrency_key", _T, null=True, submitted=True, sparse=True),
+    Column("retry_of", _T, null=True, submitted=True, sparse=True),
     Column("started_at", Kind.TIME, null=True),
     Column("finished_at", Kind.TIME, null=True),
     Column("lease_owner", _T, null=True),
     Column("lease_expires_at", Kind.TIME, null=True),
     Column("lease_token", Kind.BIGINT),
     Column("cancel_requested", Kind.BOOL),
-    Column("trace_context", _T, null=True, submitted=True),
-    Column("retry_count", _I, submitted=True),
+    Column("trace_context", _T, null=True, submitted=True, sparse=True),
+    Column("retry_count", _I, submitted=True, sparse=True),
     Column("retried_by", _T, null=True),
     Column("submitted_by", _T, submitted=True),
 )
@@ -184,28 +187,74 @@ _COMPOSITES_BY_NAME = {t.__name__: t for t in _COMPOSITES.values()}
 
 
 def job_writer(
-    writes: Mapping[Kind, str], namespace: Mapping[str, Any]
-) -> Callable[[NewJob], dict[str, Any]]:
-    """Generate a dialect's writer of a submitted job: a function taking a NewJob and
-    returning a dict of the SUBMITTED columns' values, by column name.
+    writes: Mapping[Kind, str],
+    namespace: Mapping[str, Any],
+    *,
+    columns: Sequence[Column] = SUBMITTED,
+    after: Sequence[str] = (),
+    form: str = "dict",
+    null: str = "None",
+    end: str = "\n",
+) -> Callable[..., Any]:
+    """Generate a dialect's writer of a submitted job: a function of a NewJob (and of
+    the arguments named ``after``) returning the values of ``columns`` (SUBMITTED by
+    default) and then of ``after``, as a ``dict`` by column name, a ``tuple``, or a ``copy``
+    line (COPY's text format: tab-separated, ending in ``end``).
 
     ``writes`` gives each kind's conversion of an attribute's value ``{}`` (which may
-    name ``namespace``'s globals); a null value of a nullable column stays None (a list of
-    ids: None when empty), unless the conversion is the value itself.
+    name ``namespace``'s globals); a null value of a nullable column (a list of ids: an
+    empty one) is written as ``null``, unless the conversion is the value itself.
     """
-    entries = []
-    for c in SUBMITTED:
+    values = []
+    for c in columns:
         write = writes[c.kind]
         value = write.replace("{}", f"job.{c.attribute}")
         if c.kind is Kind.IDS:
-            value = f"{value} if job.{c.attribute} else None"
+            value = f"{value} if job.{c.attribute} else {null}"
         elif c.null and write != "{}":
-            value = f"None if job.{c.attribute} is None else {value}"
-        entries.append(f'"{c.name}": {value}')
-    body = ",\n        ".join(entries)
-    source = f"def params(job):\n    return {{\n        {body},\n    }}\n"
+            value = f"{null} if job.{c.attribute} is None else {value}"
+        values.append(value)
+    names = [c.name for c in columns] + list(after)
+    values += after
+    if form == "dict":
+        body = "{" + ", ".join(f'"{n}": {v}' for n, v in zip(names, values, strict=True)) + "}"
+    elif form == "tuple":
+        body = "(" + ", ".join(values) + ",)"
+    elif form == "copy":
+        body = (
+            'f"'
+            + "\\t".join(f"{{{v}}}" for v in values)
+            + end.encode("unicode_escape").decode()
+            + '"'
+        )
+    else:
+        raise ValueError(f"unknown form {form!r}")
+    source = f"def write(job, {', '.join(after)}):\n    return {body}\n"
     scope = dict(namespace)
-    exec(compile(source, f"<job writer: {writes[Kind.JSON]}>", "exec"), scope)
-    writer: Callable[[NewJob], dict[str, Any]] = scope["params"]
-    writer.__doc__ = f"A submitted job's column values, by name.\n\n{source}"
+    exec(compile(source, f"<job writer: {form}, {writes[Kind.JSON]}>", "exec"), scope)
+    writer: Callable[..., Any] = scope["write"]
+    writer.__doc__ = f"A submitted job's column values ({form}).\n\n{source}"
     return writer
+
+
+def sets_sparse(columns: Sequence[Column]) -> Callable[[Sequence[NewJob]], bool]:
+    """Generate a test of whether any of a batch's jobs sets a sparse one of ``columns``
+    (see :attr:`Column.sparse`): a bulk insert binds them only then."""
+    tests = []
+    for c in columns:
+        if c.sparse:
+            empty_is_none = c.null and c.kind is not Kind.IDS  # else empty is falsy
+            tests.append(
+                f"job.{c.attribute} is not None" if empty_is_none else f"job.{c.attribute}"
+            )
+    source = (
+        "def sets_sparse(jobs):\n"
+        "    for job in jobs:\n"
+        f"        if {' or '.join(tests)}:\n"
+        "            return True\n"
+        "    return False\n"
+    )
+    scope: dict[str, Any] = {}
+    exec(compile(source, "<sets_sparse>", "exec"), scope)
+    test: Callable[[Sequence[NewJob]], bool] = scope["sets_sparse"]
+    return test

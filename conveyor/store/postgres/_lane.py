@@ -31,6 +31,7 @@ from psycopg import pq
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
+from conveyor.store._rows import SUBMITTED, Kind, job_writer
 from conveyor.store.postgres._codec import Q, utc
 from conveyor.store.postgres._connection import OUR_CONNECTIONS
 from conveyor.store.postgres._errors import translated
@@ -38,13 +39,18 @@ from conveyor.store.postgres._submit import submit_one
 from conveyor.store.protocol import Submitted
 
 _STATEMENT = b"conveyor_submit_one"
-# The parameters of submit_one, in the order of the prepared statement's $1, $2, ...
-_PARAMETERS = (
-    "id", "type", "queue", "tenant", "payload", "priority", "max_attempts", "run_at", "delay",
-    "timeout", "lease_seconds", "backoff_base", "backoff_cap", "state", "parent_id",
-    "root_id", "unique_key", "concurrency_key", "retry_of", "trace_context", "retry_count",
-    "submitted_by", "now",
-)  # fmt: skip
+# The parameters of submit_one, in the order of the prepared statement's $1, $2, ...:
+# the submitted columns but depends_on (a job without dependencies), and the times.
+_COLUMNS = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
+_PARAMETERS = (*(c.name for c in _COLUMNS), "run_at", "delay", "now")
+_values = job_writer(
+    {kind: "{}" for kind in Kind}
+    | {Kind.INT: "int({})", Kind.FLOAT: "float({})", Kind.JSON: "compact({})"},
+    {"compact": compact},
+    columns=_COLUMNS,
+    after=("run_at", "delay", "now"),
+    form="tuple",
+)
 # After a lane could not be opened, the pool serves for this long before the next try.
 _REOPEN_AFTER = 5.0
 _POSTGRES_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -78,32 +84,8 @@ def _text(value: object, encoding: str) -> bytes | None:
 
 
 def _parameters(job: NewJob, now: datetime | None, encoding: str) -> list[bytes | None]:
-    values = {
-        "id": job.id,
-        "type": job.type,
-        "queue": job.queue,
-        "tenant": job.tenant,
-        "payload": compact(job.payload),
-        "priority": int(job.priority),
-        "max_attempts": int(job.max_attempts),
-        "run_at": job.run_at,
-        "delay": float(job.delay),
-        "timeout": job.timeout,
-        "lease_seconds": job.lease,
-        "backoff_base": float(job.backoff_base),
-        "backoff_cap": float(job.backoff_cap),
-        "state": None if job.state is None else compact(job.state),
-        "parent_id": job.parent_id,
-        "root_id": job.root_id,
-        "unique_key": job.unique_key,
-        "concurrency_key": job.concurrency_key,
-        "retry_of": job.retry_of,
-        "trace_context": job.trace_context,
-        "retry_count": int(job.retry_count),
-        "submitted_by": job.submitted_by,
-        "now": now,
-    }
-    return [_text(values[name], encoding) for name in _PARAMETERS]
+    values = _values(job, job.run_at, float(job.delay), now)
+    return [_text(value, encoding) for value in values]
 
 
 def _timestamptz(binary: bytes | None) -> datetime:

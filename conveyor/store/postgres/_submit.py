@@ -23,7 +23,7 @@ from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
 from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError
-from conveyor.store._rows import STATUS, Kind, job_writer
+from conveyor.store._rows import STATUS, SUBMITTED, Kind, job_writer
 from conveyor.store.postgres._codec import (
     Q,
     job_of_row,
@@ -44,7 +44,7 @@ _SUBMIT_ROUNDS = 5
 
 # A submitted job's columns as PostgreSQL's submits take them (conveyor/store/_rows.py):
 # documents as JSON text, inside the batch's JSON or as a parameter; lists of ids as lists.
-_written = job_writer(
+_written: Callable[[NewJob], dict[str, Any]] = job_writer(
     {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})", Kind.IDS: "list({})"},
     {"compact": compact},
 )
@@ -119,21 +119,22 @@ def submit_steps(jobs: Sequence[NewJob], now: datetime | None) -> Script[list[Su
 # A batch at least this large, of jobs without unique keys or dependencies, is written with
 # COPY: no JSON to build and parse, no conflict arbitration per row. Below it, one INSERT.
 COPY_MIN = 50
-# Each job's own values first, then the ones a batch's jobs usually share (written once
-# per distinct set: see copy_jobs).
-_OWN_COLUMNS = ("id", "payload", "run_at", "state")
-_SHARED_COLUMNS = (
-    "type", "queue", "tenant", "status", "priority", "max_attempts", "timeout", "lease_seconds",
-    "backoff_base", "backoff_cap", "parent_id", "root_id", "concurrency_key", "retry_of",
-    "trace_context", "retry_count", "submitted_by", "created_at",
-)  # fmt: skip
-_COPY_COLUMNS = _OWN_COLUMNS + _SHARED_COLUMNS
+# COPY writes the submitted columns but those a copyable batch leaves empty (unique keys,
+# dependencies), and the status and times the store decides. Each job's own values come
+# first, then the ones a batch's jobs usually share (written once per distinct set: see
+# copy_jobs).
+_COPIED = tuple(c for c in SUBMITTED if c.name not in ("unique_key", "depends_on"))
+_OWN = tuple(c for c in _COPIED if c.name in ("id", "payload", "state"))
+_SHARED = tuple(c for c in _COPIED if c not in _OWN)
+_COPY_COLUMNS = (
+    *(c.name for c in _OWN),
+    "run_at",
+    *(c.name for c in _SHARED),
+    "status",
+    "created_at",
+)
 # The NewJob fields behind the shared columns (status and created_at are the batch's).
-_shared_fields = attrgetter(
-    "type", "queue", "tenant", "priority", "max_attempts", "timeout", "lease", "backoff_base",
-    "backoff_cap", "parent_id", "root_id", "concurrency_key", "retry_of", "trace_context",
-    "retry_count", "submitted_by",
-)  # fmt: skip
+_shared_fields = attrgetter(*(c.attribute for c in _SHARED))
 _COPY_CHUNK = 100  # rows sent to the server at a time
 _COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
 
@@ -159,23 +160,24 @@ def _copy_text(value: str | None) -> str:
     return value
 
 
-def _copy_number(value: float | None) -> str:
-    return "\\N" if value is None else repr(value)
-
-
-def _shared_text(values: tuple[Any, ...], created_text: str) -> str:
-    """The shared columns of a row, as COPY text, from ``_shared_fields`` of its job."""
-    (job_type, queue, tenant, priority, max_attempts, timeout, lease, backoff_base) = values[:8]
-    (backoff_cap, parent_id, root_id, concurrency_key, retry_of, trace_context) = values[8:14]
-    (retry_count, submitted_by) = values[14:]
-    text, number = _copy_text, _copy_number
-    return (
-        f"{text(job_type)}\t{text(queue)}\t{text(tenant)}\tqueued\t{int(priority)}\t"
-        f"{int(max_attempts)}\t{number(timeout)}\t{number(lease)}\t"
-        f"{float(backoff_base)!r}\t{float(backoff_cap)!r}\t{text(parent_id)}\t"
-        f"{text(root_id)}\t{text(concurrency_key)}\t{text(retry_of)}\t"
-        f"{text(trace_context)}\t{int(retry_count)}\t{text(submitted_by)}\t{created_text}\n"
-    )
+# A row's parts in COPY's text format, written from the job row's declaration
+# (conveyor/store/_rows.py): its own values and run time, then the shared part.
+_COPY_WRITES = {
+    Kind.TEXT: "text({})",
+    Kind.INT: "int({})",
+    Kind.BIGINT: "int({})",
+    Kind.FLOAT: "repr(float({}))",
+    Kind.JSON: "text(compact({}))",
+}
+_COPY_NAMES = {"text": _copy_text, "compact": compact, "NULL": "\\N"}
+_own_text = job_writer(
+    _COPY_WRITES, _COPY_NAMES, columns=_OWN, after=("run_at", "rest"), form="copy", null="NULL",
+    end="",
+)  # fmt: skip
+_shared_text = job_writer(
+    _COPY_WRITES, _COPY_NAMES, columns=_SHARED, after=("status", "created_at"), form="copy",
+    null="NULL",
+)  # fmt: skip
 
 
 def copy_jobs(
@@ -200,7 +202,7 @@ def copy_jobs(
     results = []
     lines: list[str] = []
     shared: dict[tuple[Any, ...], str] = {}
-    text, encode, queued = _copy_text, compact, Status.QUEUED
+    own_text, shared_text, queued = _own_text, _shared_text, Status.QUEUED
     with conn.cursor(row_factory=tuple_row) as cursor:
         if now is None:
             ((now,),) = cursor.execute("SELECT now()").fetchall()
@@ -220,11 +222,8 @@ def copy_jobs(
                 key = _shared_fields(j)
                 rest = shared.get(key)
                 if rest is None:
-                    rest = shared[key] = _shared_text(key, created_text)
-                state = "\\N" if j.state is None else text(encode(j.state))
-                lines.append(
-                    f"{text(j.id)}\t{text(encode(j.payload))}\t{run_at_text}\t{state}\t{rest}"
-                )
+                    rest = shared[key] = shared_text(j, "queued", created_text)
+                lines.append(own_text(j, run_at_text, rest))
                 results.append(Submitted(j.stored(queued, run_at, created), created=True))
                 if n % _COPY_CHUNK == 0:
                     copy.write("".join(lines))

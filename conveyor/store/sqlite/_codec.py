@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -112,7 +112,9 @@ _WRITES = {kind: "{}" for kind in Kind} | {
     Kind.IDS: "json_dumps(list({}))",
 }
 _job_of = job_reader(_READS, {"loads": loads, "json_loads": json.loads}, at=_at)
-_written = job_writer(_WRITES, {"compact": compact, "json_dumps": json.dumps})
+_written: Callable[[NewJob], dict[str, Any]] = job_writer(
+    _WRITES, {"compact": compact, "json_dumps": json.dumps}
+)
 
 
 def new_job_params(job: NewJob, now: float) -> dict[str, Any]:

@@ -26,19 +26,25 @@ from typing import Any
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob
+from conveyor.store._rows import SUBMITTED, Kind, job_writer, sets_sparse
 from conveyor.store.protocol import Submitted
 from conveyor.store.sqlite._codec import epoch
 
-# The columns every job binds, in the order of its row: status is 'queued' in the text.
-_PLAIN = (
-    "id", "type", "queue", "payload", "priority", "max_attempts", "run_at", "backoff_base",
-    "backoff_cap", "submitted_by", "created_at",
-)  # fmt: skip
-# With, when any job of the batch sets one, the optional ones.
-_FULL = (
-    *_PLAIN, "tenant", "timeout", "lease_seconds", "state", "parent_id", "root_id",
-    "unique_key", "concurrency_key", "retry_of", "trace_context", "retry_count",
-)  # fmt: skip
+# The columns a job binds, from the job row's declaration (a job with dependencies takes
+# the general steps): the plain ones always, in the order of its row, then run_at and
+# created_at (status is 'queued' in the text); the sparse ones only when any job of the
+# batch sets one.
+_BOUND = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
+_PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse)
+_SPARSE_COLUMNS = tuple(c for c in _BOUND if c.sparse)
+_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "run_at", "created_at")
+_FULL = (*_PLAIN, *(c.name for c in _SPARSE_COLUMNS))
+_WRITES = {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})"}
+_plain_values = job_writer(
+    _WRITES, {"compact": compact}, columns=_PLAIN_COLUMNS, after=("run_at", "now"), form="tuple"
+)
+_sparse_values = job_writer(_WRITES, {"compact": compact}, columns=_SPARSE_COLUMNS, form="tuple")
+_sets_sparse = sets_sparse(_BOUND)
 _MOST_ROWS = 512  # per statement; the statements take 512, 256, ... 1 rows
 
 
@@ -50,34 +56,13 @@ def insert_plain(
     if any(job.depends_on for job in jobs):
         raise ValueError("insert_plain takes jobs without dependencies")
     run_ats = [now + job.delay if job.run_at is None else epoch(job.run_at) for job in jobs]
-    full = any(
-        job.tenant is not None
-        or job.timeout is not None
-        or job.lease is not None
-        or job.state is not None
-        or job.parent_id is not None
-        or job.root_id is not None
-        or job.unique_key is not None
-        or job.concurrency_key is not None
-        or job.retry_of is not None
-        or job.trace_context is not None
-        or job.retry_count
-        for job in jobs
-    )
+    full = _sets_sparse(jobs)
     values: list[Any] = []
+    plain, sparse = _plain_values, _sparse_values
     for job, run_at in zip(jobs, run_ats, strict=True):
-        values += (
-            job.id, job.type, job.queue, compact(job.payload), job.priority,
-            job.max_attempts, run_at, job.backoff_base, job.backoff_cap, job.submitted_by,
-            now,
-        )  # fmt: skip
+        values += plain(job, run_at, now)
         if full:
-            values += (
-                job.tenant, job.timeout, job.lease,
-                None if job.state is None else compact(job.state), job.parent_id,
-                job.root_id, job.unique_key, job.concurrency_key, job.retry_of,
-                job.trace_context, job.retry_count,
-            )  # fmt: skip
+            values += sparse(job)
     columns = _FULL if full else _PLAIN
     width = len(columns)
     most = min(_MOST_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
