@@ -517,6 +517,14 @@ async def test_a_job_in_a_queue_no_live_worker_serves_is_pointed_out(
     assert f"note: 1 job {said} `--queues stray`" in table, table
     shown = " ".join((await acli("jobs", "show", stray.id, *at)).stdout.split())
     assert f"this job is {said}" in shown, shown
+    # Through a server too: its /workers says which workers are live.
+    _, secret = await app.create_token(tenant="default", role="admin")
+    served = Conveyor(db_url)  # the server's own, on the server's event loop
+    with serving(served, api_for_tests(served)) as server:
+        remote = ("--url", server.base_url, "--token", secret)
+        done = await acli("jobs", "show", stray.id, *remote)
+    shown = " ".join(done.stdout.split())
+    assert f"this job is {said}" in shown, (shown, done.stderr)
 
 
 def test_tenant_limits_are_taken_from_the_command_line(tmp_path: Path) -> None:

@@ -427,7 +427,7 @@ async def test_jobs_in_a_queue_no_live_worker_serves_are_pointed_out(
         overview = (await c.get("/ui/")).text
         job_page = (await c.get(f"/ui/jobs/{stray.id}")).text
     said = "queued in queue &#39;stray&#39;, which no live worker serves"
-    assert f"1 job {said}" in overview and "`--queues stray`" in overview
+    assert f"1 job {said}" in overview and "<code>--queues stray</code>" in overview
     assert f"this job is {said}" in job_page
 
 

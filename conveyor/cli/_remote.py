@@ -225,6 +225,11 @@ class RemoteClient:
             return {}
         return document if isinstance(document, dict) else {}
 
+    async def live_queues(self) -> list[tuple[str, ...]]:
+        """The queues of each live worker (``GET /workers``)."""
+        data = (await self._call("GET", "/workers")).json()
+        return [tuple(w["queues"]) for w in data["workers"] if w.get("live")]
+
     async def cancel(self, job_id: str) -> RemoteJob:
         response = await self._call("POST", f"{_path(job_id)}/cancel", job_id=job_id)
         return self._job(response.json())

@@ -130,6 +130,8 @@ class Target:
         if isinstance(self.jobs, RemoteClient):
             ready = await self.jobs.health()
             if ready.get("live_workers"):
+                if queue is not None and unserved_queues({queue: 1}, await self.jobs.live_queues()):
+                    return queue_not_served(queue, "this job is")
                 return None
             return no_live_worker(
                 workers=int(ready.get("workers") or 0),

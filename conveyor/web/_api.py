@@ -8,7 +8,7 @@ The rules about who may see and do what live below HTTP in
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
@@ -330,7 +330,9 @@ async def retry_failed_children(request: Request, job_id: JobId, view: Writer) -
     openapi_extra=_role(Role.READ),
 )
 async def list_workers(view: Reader) -> Response:
-    return JSONResponse({"workers": [answer.worker(w) for w in await view.workers()]})
+    workers = await view.workers()
+    now = datetime.now(UTC)
+    return JSONResponse({"workers": [answer.worker(w, now) for w in workers]})
 
 
 @router.get(

@@ -126,7 +126,7 @@ def event(e: JobEvent) -> dict[str, Any]:
     return {"job_id": e.job_id, "at": iso(e.at), "event": e.event, "detail": e.detail}
 
 
-def worker(w: WorkerInfo) -> dict[str, Any]:
+def worker(w: WorkerInfo, now: datetime) -> dict[str, Any]:
     return {
         "id": w.id,
         "hostname": w.hostname or None,  # withheld from tokens that are not admins'
@@ -137,6 +137,7 @@ def worker(w: WorkerInfo) -> dict[str, Any]:
         "heartbeat_at": iso(w.heartbeat_at),
         "stopped_at": iso(w.stopped_at),
         "state": "stopped" if w.stopped_at else "running",
+        "live": w.state(now) == "live",
     }
 
 

@@ -220,6 +220,10 @@ class WorkerOut(BaseModel):
     heartbeat_at: datetime | None
     stopped_at: datetime | None
     state: Literal["running", "stopped"]
+    live: bool = Field(
+        description="It heartbeated within its lease: it claims jobs of its queues now "
+        "(a running worker that fell silent for longer is dead)."
+    )
 
 
 class WorkerListOut(BaseModel):
