@@ -406,9 +406,6 @@ MAX_PUBLIC_METHODS = 30
 MAX_MODULE_LINES = 800
 
 ALLOWANCES = {
-    # The storage seam: one operation per thing that happens to jobs. Callers that need
-    # less see less through the facade and its services.
-    "conveyor/store/protocol.py:Store public methods",
     # The application API, one facade by design (River's Client, Oban's top module); what
     # only operators' tools use lives in app.ops.
     "conveyor/app/client.py:Conveyor public methods",

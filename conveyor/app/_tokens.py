@@ -27,7 +27,7 @@ from conveyor.core.auth import (
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.model import JSON
 from conveyor.errors import ConfigurationError, Forbidden, TokenNotFound
-from conveyor.store import Store
+from conveyor.store import TokenStore
 
 # last_used_at of a token is written at most this often (seconds), not on every request.
 TOUCH_EVERY = 60.0
@@ -38,7 +38,7 @@ _NO_SECRET = "0" * 64
 class Tokens:
     """Create, authenticate, list and revoke API tokens of one application's store."""
 
-    def __init__(self, store: Callable[[], Awaitable[Store]], registry: Registry) -> None:
+    def __init__(self, store: Callable[[], Awaitable[TokenStore]], registry: Registry) -> None:
         self._store = store
         self._registry = registry
         self._touched: dict[str, float] = {}  # token id -> monotonic time written

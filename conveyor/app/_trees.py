@@ -26,7 +26,7 @@ from conveyor.errors import (
     RetryLimitReached,
     UnknownJobType,
 )
-from conveyor.store.protocol import JobEvent, JobPageQuery, Store
+from conveyor.store.protocol import JobEvent, JobPageQuery, OperatorStore
 
 
 class TreeHost(JobSource, Protocol):
@@ -35,7 +35,7 @@ class TreeHost(JobSource, Protocol):
     @property
     def registry(self) -> Registry: ...
 
-    async def store(self) -> Store: ...
+    async def store(self) -> OperatorStore: ...
 
     def new_job_id(self, tenant: str | None = None) -> str: ...
 

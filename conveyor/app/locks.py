@@ -18,14 +18,14 @@ from datetime import datetime
 
 from conveyor.app import blocking
 from conveyor.errors import ConfigurationError, LeaseHeld
-from conveyor.store import Store
+from conveyor.store import LockStore
 
 
 class NamedLease:
     """A held named lease; see :meth:`Conveyor.lease`."""
 
     def __init__(
-        self, store: Callable[[], Awaitable[Store]], name: str, *, ttl: float, owner: str | None
+        self, store: Callable[[], Awaitable[LockStore]], name: str, *, ttl: float, owner: str | None
     ) -> None:
         if ttl < 0.3:
             raise ConfigurationError("a lease ttl must be at least 0.3 seconds")
@@ -57,7 +57,7 @@ class NamedLease:
         self._renewer = asyncio.create_task(self._renew(store), name=f"conveyor-lease-{self.name}")
         return self
 
-    async def _renew(self, store: Store) -> None:
+    async def _renew(self, store: LockStore) -> None:
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.ttl / 3)

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from conveyor.app.handles import JobHandle, Submission
 from conveyor.observe import tracing
-from conveyor.store.protocol import AuditEntry, LeaseRecord, MinuteStats
+from conveyor.store.protocol import (
+    AuditEntry,
+    LeaseRecord,
+    MinuteStats,
+    OperatorStore,
+    SubmitStore,
+)
 
 if TYPE_CHECKING:
     from conveyor.app.client import Conveyor
@@ -27,6 +33,10 @@ class Operations:
 
     def __init__(self, app: Conveyor) -> None:
         self._app = app
+
+    async def _store(self) -> OperatorStore:
+        """The application's store, in the role the operator's reads and records use."""
+        return await self._app.store()
 
     # -- the REST API's submits and reads -------------------------------------------------
 
@@ -40,7 +50,7 @@ class Operations:
         """
         with tracing.submit_span(submissions):
             new_jobs = self._app.prepare(submissions, submitted_by=submitted_by)
-            store = await self._app.store()
+            store: SubmitStore = await self._app.store()
             await self._app.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs)
         handles = self._app.handles(new_jobs, results)
@@ -50,24 +60,24 @@ class Operations:
         """Return the jobs that exist among ``job_ids``, in one query, in no given order."""
         if not job_ids:
             return []
-        jobs = await (await self._app.store()).get_many(list(dict.fromkeys(job_ids)))
+        jobs = await (await self._store()).get_many(list(dict.fromkeys(job_ids)))
         return [JobHandle(self._app, j) for j in jobs]
 
     # -- what the dashboard reads and records -------------------------------------------
 
     async def now(self) -> datetime:
         """The store's clock (the database's, where it has one)."""
-        return await (await self._app.store()).now()
+        return await (await self._store()).now()
 
     async def record_audit(self, entry: AuditEntry) -> None:
         """Append an action to the audit log."""
-        await (await self._app.store()).record_audit(entry)
+        await (await self._store()).record_audit(entry)
 
     async def audit_log(
         self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
     ) -> list[AuditEntry]:
         """The audit log, newest first (``tenant``: only that tenant's entries)."""
-        return await (await self._app.store()).audit_log(
+        return await (await self._store()).audit_log(
             tenant=tenant, before_id=before_id, limit=limit
         )
 
@@ -76,13 +86,13 @@ class Operations:
     ) -> list[MinuteStats]:
         """Jobs ended and failed, and their mean queue wait, per minute since ``since``:
         across the cluster, or of ``tenant``'s jobs only."""
-        return await (await self._app.store()).minute_stats(since, tenant=tenant)
+        return await (await self._store()).minute_stats(since, tenant=tenant)
 
     async def locks(self) -> list[tuple[str, list[LeaseRecord]]]:
         """Every named lock (``app.lease``) with its current and last holders, newest first."""
-        store = await self._app.store()
+        store = await self._store()
         return [(name, await store.lease_history(name)) for name in await store.lease_names()]
 
     async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
         """How many jobs each worker is running now (``tenant``: of that tenant's jobs)."""
-        return await (await self._app.store()).running_by_worker(tenant=tenant)
+        return await (await self._store()).running_by_worker(tenant=tenant)

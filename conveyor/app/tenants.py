@@ -60,7 +60,7 @@ from conveyor.errors import (
     JobNotFound,
     TooManyQueued,
 )
-from conveyor.store import Store
+from conveyor.store import SubmitStore
 from conveyor.store.protocol import (
     AuditEntry,
     JobEvent,
@@ -686,7 +686,7 @@ class TenantLimits:
     def of(self, tenant: str) -> TenantLimit | None:
         return self._limits.get(tenant, self._limits.get("*"))
 
-    async def check_room(self, store: Store, jobs: Sequence[NewJob]) -> None:
+    async def check_room(self, store: SubmitStore, jobs: Sequence[NewJob]) -> None:
         """Refuse (:class:`TooManyQueued`) jobs that would take a tenant past its
         ``max_queued``; checked before the submit, so concurrent submits may each pass."""
         wanted = Counter(job.tenant for job in jobs if job.tenant is not None)

@@ -1,4 +1,5 @@
-"""Storage: the :class:`Store` protocol and the backends behind it, chosen by URL."""
+"""Storage: the :class:`Store` protocol (the union of its roles, ``SubmitStore``,
+``WorkerStore``, ...) and the backends behind it, chosen by URL."""
 
 from __future__ import annotations
 
@@ -9,20 +10,30 @@ from conveyor.errors import ConfigurationError
 from conveyor.store._pooling import Pooling
 from conveyor.store.protocol import (
     Beat,
+    Clock,
     HealthCounts,
     JobPageQuery,
+    JobReads,
     Lease,
     LeaseRecord,
     Limits,
+    LockStore,
+    MaintenanceStore,
+    OperatorStore,
     QueueInfo,
     QueueLag,
+    ReadStore,
     Rescued,
     Retention,
     ScheduleInfo,
     Store,
+    StoreLifecycle,
+    SubmitStore,
     Submitted,
+    TokenStore,
     UnservedType,
     WorkerInfo,
+    WorkerStore,
 )
 
 
@@ -82,21 +93,31 @@ def sqlite_path(url: str) -> str | None:
 
 __all__ = [
     "Beat",
+    "Clock",
     "HealthCounts",
     "JobPageQuery",
+    "JobReads",
     "Lease",
     "LeaseRecord",
     "Limits",
+    "LockStore",
+    "MaintenanceStore",
+    "OperatorStore",
     "Pooling",
     "QueueInfo",
     "QueueLag",
+    "ReadStore",
     "Rescued",
     "Retention",
     "ScheduleInfo",
     "Store",
+    "StoreLifecycle",
+    "SubmitStore",
     "Submitted",
+    "TokenStore",
     "UnservedType",
     "WorkerInfo",
+    "WorkerStore",
     "create_store",
     "sqlite_path",
 ]

@@ -3,6 +3,14 @@
 A backend implements :class:`Store` with operations named after what happens to jobs.
 It owns every query, the maintenance ones included; every write a worker makes is fenced
 by the lease token and reports refusal rather than raising.
+
+:class:`Store` is the union of role protocols, each operation in one of them: what a
+submitter needs (:class:`SubmitStore`), a worker (:class:`WorkerStore`), the maintenance
+duties (:class:`MaintenanceStore`), the readers of the dashboard, API and CLI
+(:class:`ReadStore`), operators (:class:`OperatorStore`), named locks
+(:class:`LockStore`) and API tokens (:class:`TokenStore`), over the shared
+:class:`JobReads`, :class:`Clock` and :class:`StoreLifecycle`. Code that uses a store for
+one role is typed against that role, so it sees only what it needs.
 """
 
 from __future__ import annotations
@@ -205,8 +213,8 @@ class Retention:
         return float(override.get(status, getattr(self, status)))
 
 
-class Store(Protocol):
-    """Storage operations, named after what happens to jobs."""
+class StoreLifecycle(Protocol):
+    """Opening and closing a store, and migrating its database: whoever owns one."""
 
     async def open(self) -> None:
         """Connect, check that the database is conveyor's, and migrate it if asked."""
@@ -221,8 +229,33 @@ class Store(Protocol):
         until :meth:`close`).
         """
 
+
+class Clock(Protocol):
+    """The store's time, which decides every due time and lease."""
+
     async def now(self) -> datetime:
         """Return the store's clock (the database's, where it has one)."""
+
+
+class JobReads(Protocol):
+    """Reading jobs by id: every role that acts on jobs reads them back."""
+
+    async def get(self, job_id: str) -> Job | None:
+        """Return one job, or None, with ``below``: the counts of the jobs below it."""
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        """Return the jobs that exist among ``job_ids``."""
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        """Return a job's attempts, oldest first."""
+
+    async def job_events(self, job_id: str) -> list[JobEvent]:
+        """A job's events besides its attempts, oldest first."""
+
+
+class SubmitStore(JobReads, Clock, Protocol):
+    """What a submitter needs: inserting jobs, and the count a tenant's limit on queued
+    jobs is checked against."""
 
     async def submit(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
@@ -233,11 +266,13 @@ class Store(Protocol):
         the jobs are written in its transaction and exist only if it commits.
         """
 
-    async def get(self, job_id: str) -> Job | None:
-        """Return one job, or None, with ``below``: the counts of the jobs below it."""
+    async def count_queued(self, tenant: str) -> int:
+        """How many jobs ``tenant`` has queued."""
 
-    async def attempts(self, job_id: str) -> list[Attempt]:
-        """Return a job's attempts, oldest first."""
+
+class WorkerStore(JobReads, Protocol):
+    """What a worker needs to run jobs: claims, leases renewed, attempts settled,
+    checkpoints and children written through its lease, its registration and wake-ups."""
 
     async def claim(
         self,
@@ -279,8 +314,122 @@ class Store(Protocol):
     async def checkpoint(self, lease: Lease, state: JSON) -> bool:
         """Store a job's state; False when the lease was lost."""
 
+    async def spawn(
+        self,
+        lease: Lease,
+        jobs: Sequence[NewJob],
+        callbacks: Mapping[str, NewJob] | None = None,
+    ) -> list[Submitted] | None:
+        """Insert children of the leased job (parent and root set here), fenced by the lease.
+
+        ``callbacks`` by kind (``complete``, ``success``) are submitted when everything
+        below the job has ended. Returns None, inserting nothing, when the lease was lost.
+        """
+
+    async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
+        """Return when new work may be available, or after ``timeout`` seconds.
+
+        The result holds the ids of running jobs whose cancellation was requested
+        meanwhile, where the backend learns of them at once (PostgreSQL notifications);
+        other backends report cancel requests through :meth:`heartbeat` only.
+        """
+
+    async def register_worker(self, worker: WorkerInfo) -> None:
+        """Record a worker process as started."""
+
+    async def deregister_worker(self, worker_id: str) -> None:
+        """Record a worker process as stopped."""
+
+
+class MaintenanceStore(JobReads, Clock, Protocol):
+    """What the maintenance duties need: rescue, parents, schedule ticks, pruning,
+    forgetting silent workers."""
+
     async def rescue(self, *, limit: int, jitter: float) -> list[Rescued]:
         """Settle up to ``limit`` jobs whose lease expired as ``lost`` attempts."""
+
+    async def finish_parents(self, *, limit: int) -> list[str]:
+        """End waiting parents whose children have all ended; return their ids.
+
+        Settling a child already does this in the same transaction; this duty is the
+        safety net for parents left waiting (for instance by a race between backends'
+        transactions), and is safe to run on every worker at once.
+        """
+
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
+        """Create or update schedules declared in code (a changed cron restarts its ticks)."""
+
+    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
+        """Fire due schedule ticks; return the ids of the jobs created.
+
+        Each tick fires once across all workers: the schedule's next tick is advanced by
+        compare-and-set in the same transaction as the insert of a job whose id derives
+        from the schedule and the tick. A tick at most ``min_grace`` seconds late counts
+        as on time whatever the schedule's own grace (see ``core.cron.plan_schedule``).
+        """
+
+    async def prune(self, retention: Retention, *, limit: int) -> int:
+        """Delete up to ``limit`` finished trees older than their retention; return jobs deleted."""
+
+    async def forget_workers(self, *, limit: int) -> list[str]:
+        """Delete up to ``limit`` workers silent for longer than their own forget window
+        (dead or stopped); return their ids. Their attempts keep their history."""
+
+
+class ReadStore(JobReads, Clock, Protocol):
+    """What the dashboard, the API and the CLI read: pages of jobs, queues, workers,
+    schedules, health, the audit log and per-minute figures."""
+
+    async def page_jobs(self, query: JobPageQuery) -> list[Job]:
+        """Return one page of jobs matching ``query``, in creation order."""
+
+    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
+        """Return every known queue with its counts (``tenant``: of that tenant's jobs only,
+        with the queues it has jobs in and the paused ones)."""
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Return workers, live ones first."""
+
+    async def unserved_types(self) -> list[UnservedType]:
+        """Return the types of queued jobs that no live worker serves, by name: none
+        heartbeating within its lease has the job's queue among its queues and the type
+        among its types (a worker with no recorded types serves every type)."""
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Return every schedule."""
+
+    async def health(self) -> HealthCounts:
+        """Return the counts the health check decides from."""
+
+    async def queue_lag(self) -> list[QueueLag]:
+        """Return, per queue with due jobs, their number and the oldest one's wait."""
+
+    async def audit_log(
+        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
+
+    async def minute_stats(
+        self, since: datetime, *, tenant: str | None = None
+    ) -> list[MinuteStats]:
+        """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
+        queue wait, read by a range of the index on ``finished_at``; of ``tenant``'s jobs
+        only when one is named."""
+
+    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
+        """Count running jobs per worker id, on the index of running jobs' leases
+        (``tenant``: that tenant's jobs only)."""
+
+    async def lease_history(self, name: str) -> list[LeaseRecord]:
+        """Return the last holders of a lease, newest first."""
+
+    async def lease_names(self, *, limit: int = 200) -> list[str]:
+        """Return the names of named leases ever taken, by name."""
+
+
+class OperatorStore(ReadStore, Protocol):
+    """What an operator does besides reading: cancel, retry, pause, run or switch
+    schedules, and the audit entry recording it."""
 
     async def cancel(self, job_id: str, *, reason: str) -> Job | None:
         """Cancel a job that has not started, or ask its worker to stop a running one.
@@ -308,52 +457,21 @@ class Store(Protocol):
         """The failed jobs below ``job_id`` that no retry replaced yet and below which
         nothing failed: the ones a "retry failed children" retries."""
 
-    async def job_events(self, job_id: str) -> list[JobEvent]:
-        """A job's events besides its attempts, oldest first."""
-
-    async def spawn(
-        self,
-        lease: Lease,
-        jobs: Sequence[NewJob],
-        callbacks: Mapping[str, NewJob] | None = None,
-    ) -> list[Submitted] | None:
-        """Insert children of the leased job (parent and root set here), fenced by the lease.
-
-        ``callbacks`` by kind (``complete``, ``success``) are submitted when everything
-        below the job has ended. Returns None, inserting nothing, when the lease was lost.
-        """
-
-    async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
-        """Return the jobs that exist among ``job_ids``."""
-
-    async def finish_parents(self, *, limit: int) -> list[str]:
-        """End waiting parents whose children have all ended; return their ids.
-
-        Settling a child already does this in the same transaction; this duty is the
-        safety net for parents left waiting (for instance by a race between backends'
-        transactions), and is safe to run on every worker at once.
-        """
-
-    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
-        """Create or update schedules declared in code (a changed cron restarts its ticks)."""
-
-    async def fire_schedules(self, *, limit: int, min_grace: float = 0.0) -> list[str]:
-        """Fire due schedule ticks; return the ids of the jobs created.
-
-        Each tick fires once across all workers: the schedule's next tick is advanced by
-        compare-and-set in the same transaction as the insert of a job whose id derives
-        from the schedule and the tick. A tick at most ``min_grace`` seconds late counts
-        as on time whatever the schedule's own grace (see ``core.cron.plan_schedule``).
-        """
-
-    async def schedules(self) -> list[ScheduleInfo]:
-        """Return every schedule."""
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        """Pause or resume claiming from a queue."""
 
     async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo | None:
         """Enable or disable a schedule; None if it does not exist."""
 
     async def run_schedule(self, name: str) -> Job | None:
         """Submit a schedule's job now, outside its ticks; None if it does not exist."""
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append an entry to the audit log (who did what, when, on what)."""
+
+
+class LockStore(Protocol):
+    """Named locks (``app.lease``): taken, renewed and given up by token."""
 
     async def acquire_lease(self, name: str, *, owner: str, ttl: float) -> LeaseRecord:
         """Take a named lease with a new token, or return its current holder unchanged.
@@ -367,50 +485,9 @@ class Store(Protocol):
     async def release_lease(self, name: str, *, token: int) -> bool:
         """Give a lease up; False when the token no longer held it."""
 
-    async def lease_history(self, name: str) -> list[LeaseRecord]:
-        """Return the last holders of a lease, newest first."""
 
-    async def prune(self, retention: Retention, *, limit: int) -> int:
-        """Delete up to ``limit`` finished trees older than their retention; return jobs deleted."""
-
-    async def register_worker(self, worker: WorkerInfo) -> None:
-        """Record a worker process as started."""
-
-    async def deregister_worker(self, worker_id: str) -> None:
-        """Record a worker process as stopped."""
-
-    async def workers(self) -> list[WorkerInfo]:
-        """Return workers, live ones first."""
-
-    async def forget_workers(self, *, limit: int) -> list[str]:
-        """Delete up to ``limit`` workers silent for longer than their own forget window
-        (dead or stopped); return their ids. Their attempts keep their history."""
-
-    async def unserved_types(self) -> list[UnservedType]:
-        """Return the types of queued jobs that no live worker serves, by name: none
-        heartbeating within its lease has the job's queue among its queues and the type
-        among its types (a worker with no recorded types serves every type)."""
-
-    async def queues(self, *, tenant: str | None = None) -> list[QueueInfo]:
-        """Return every known queue with its counts (``tenant``: of that tenant's jobs only,
-        with the queues it has jobs in and the paused ones)."""
-
-    async def set_paused(self, queue: str, paused: bool) -> None:
-        """Pause or resume claiming from a queue."""
-
-    async def wait_for_jobs(self, timeout: float) -> frozenset[str]:
-        """Return when new work may be available, or after ``timeout`` seconds.
-
-        The result holds the ids of running jobs whose cancellation was requested
-        meanwhile, where the backend learns of them at once (PostgreSQL notifications);
-        other backends report cancel requests through :meth:`heartbeat` only.
-        """
-
-    async def page_jobs(self, query: JobPageQuery) -> list[Job]:
-        """Return one page of jobs matching ``query``, in creation order."""
-
-    async def health(self) -> HealthCounts:
-        """Return the counts the health check decides from."""
+class TokenStore(Clock, Protocol):
+    """API tokens and the servers' secrets."""
 
     async def create_token(self, token: Token) -> None:
         """Store a new API token (its secret's digest only)."""
@@ -436,35 +513,19 @@ class Store(Protocol):
     async def server_secret(self, name: str) -> str | None:
         """Return a secret the migrations made for this database's servers."""
 
-    async def queue_lag(self) -> list[QueueLag]:
-        """Return, per queue with due jobs, their number and the oldest one's wait."""
 
-    # -- the dashboard: audit log, per-minute figures, named leases ----------------------
-
-    async def record_audit(self, entry: AuditEntry) -> None:
-        """Append an entry to the audit log (who did what, when, on what)."""
-
-    async def audit_log(
-        self, *, tenant: str | None = None, before_id: int | None = None, limit: int = 100
-    ) -> list[AuditEntry]:
-        """Return audit entries newest first; ``tenant`` only that tenant's; keyset on id."""
-
-    async def minute_stats(
-        self, since: datetime, *, tenant: str | None = None
-    ) -> list[MinuteStats]:
-        """Per minute since ``since``: jobs that ended succeeded or failed, and their mean
-        queue wait, read by a range of the index on ``finished_at``; of ``tenant``'s jobs
-        only when one is named."""
-
-    async def lease_names(self, *, limit: int = 200) -> list[str]:
-        """Return the names of named leases ever taken, by name."""
-
-    async def count_queued(self, tenant: str) -> int:
-        """How many jobs ``tenant`` has queued."""
-
-    async def running_by_worker(self, *, tenant: str | None = None) -> dict[str, int]:
-        """Count running jobs per worker id, on the index of running jobs' leases
-        (``tenant``: that tenant's jobs only)."""
+class Store(
+    StoreLifecycle,
+    SubmitStore,
+    WorkerStore,
+    MaintenanceStore,
+    OperatorStore,
+    LockStore,
+    TokenStore,
+    Protocol,
+):
+    """Storage operations, named after what happens to jobs: every role's, which a backend
+    implements. A caller that needs one role is typed against it, and sees only that."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from conveyor.core.model import JSON, Outcome, Settlement
     from conveyor.observe.hooks import Hooks
     from conveyor.observe.metrics import Metrics
-    from conveyor.store import Store
+    from conveyor.store import Store, WorkerStore
     from conveyor.worker._host import WorkerHost
     from conveyor.worker._leases import Interrupt, Leases, Run
     from conveyor.worker._threads import HandlerThreads
@@ -71,7 +71,7 @@ class WorkerBase:
 
     # -- the seams: each part calls these in another --------------------------------------
 
-    async def _execute(self, run: Run, job_type: JobType | None, store: Store) -> None:
+    async def _execute(self, run: Run, job_type: JobType | None, store: WorkerStore) -> None:
         """Run one attempt and hand its settlement to the completer (the executor)."""
         raise NotImplementedError
 

@@ -16,7 +16,7 @@ from conveyor.core.model import Outcome, Settlement
 from conveyor.core.retry import pause_after_failures
 from conveyor.observe.hooks import AttemptEnded
 from conveyor.observe.logs import JobLines, direct_handler
-from conveyor.store import Store
+from conveyor.store import WorkerStore
 from conveyor.worker._base import WorkerBase, _Phase, log
 from conveyor.worker._leases import Interrupt, Run
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class Completer(WorkerBase):
     """Settles finished attempts in batches and reports each outcome."""
 
-    async def _settle_loop(self, store: Store) -> None:
+    async def _settle_loop(self, store: WorkerStore) -> None:
         failures = 0
         while True:
             await self._settle_ready.wait()
@@ -194,7 +194,7 @@ def _outcome_line(run: Run, s: Settlement, retry_at: datetime | None) -> str:
 
 
 async def recorded_before(
-    store: Store, batch: Sequence[tuple[Run, Settlement]], refused: set[str]
+    store: WorkerStore, batch: Sequence[tuple[Run, Settlement]], refused: set[str]
 ) -> set[str]:
     """The refused jobs that a failed try of this settle had recorded after all.
 

@@ -17,7 +17,7 @@ from conveyor.core.model import JSON, Outcome, Settlement, after_failure
 from conveyor.core.retry import retry_limit_note
 from conveyor.errors import ConveyorError, UnknownJobType
 from conveyor.observe import tracing
-from conveyor.store import Store
+from conveyor.store import WorkerStore
 from conveyor.worker._base import WorkerBase, log
 from conveyor.worker._isolation import ChildFailed, run_in_child
 from conveyor.worker._leases import Interrupt, Run, lease_current
@@ -41,7 +41,7 @@ _PLAIN = frozenset({str, int, bool})
 class Executor(WorkerBase):
     """Runs claimed jobs' handlers and decides each attempt's settlement."""
 
-    async def _execute(self, run: Run, job_type: JobType | None, store: Store) -> None:
+    async def _execute(self, run: Run, job_type: JobType | None, store: WorkerStore) -> None:
         if not self._traced:
             await self._attempt(run, job_type, store)
             return
@@ -53,7 +53,9 @@ class Executor(WorkerBase):
                 outcome = None if settlement.outcome is None else settlement.outcome.value
                 tracing.end_attempt(span, outcome, settlement.error)
 
-    async def _attempt(self, run: Run, job_type: JobType | None, store: Store) -> Settlement | None:
+    async def _attempt(
+        self, run: Run, job_type: JobType | None, store: WorkerStore
+    ) -> Settlement | None:
         """Run one attempt to its end; return its settlement (None: abandoned or lost)."""
         settlement: Settlement | None
         try:
@@ -88,7 +90,9 @@ class Executor(WorkerBase):
         self._finish(run, settlement)
         return settlement
 
-    async def _invoke(self, run: Run, job_type: JobType | None, store: Store) -> Settlement | None:
+    async def _invoke(
+        self, run: Run, job_type: JobType | None, store: WorkerStore
+    ) -> Settlement | None:
         job = run.job
         loop = asyncio.get_running_loop()
         if job_type is None:

@@ -15,7 +15,7 @@ from typing import Protocol
 from conveyor.core.cron import check_grace, next_check
 from conveyor.core.retry import pause_after_failures
 from conveyor.observe.metrics import Metrics
-from conveyor.store import Rescued, Retention, Store
+from conveyor.store import MaintenanceStore, ReadStore, Rescued, Retention
 
 log = logging.getLogger("conveyor.maintenance")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("conveyor.maintenance")
 class Rescuer:
     """Settles jobs whose lease expired as ``lost`` attempts; the retry policy then applies."""
 
-    store: Store
+    store: MaintenanceStore
     batch: int = 500
     metrics: Metrics | None = None  # counts rescued jobs per type and queue
 
@@ -57,7 +57,7 @@ class ParentFinisher:
     any parent left waiting.
     """
 
-    store: Store
+    store: MaintenanceStore
     batch: int = 500
 
     async def run_once(self) -> list[str]:
@@ -65,6 +65,10 @@ class ParentFinisher:
         for job_id in finished:
             log.info("finished waiting parent %s", job_id)
         return finished
+
+
+class _TickStore(MaintenanceStore, ReadStore, Protocol):
+    """What the cron firer needs: firing ticks, and reading when the next one is due."""
 
 
 @dataclass
@@ -75,7 +79,7 @@ class CronFirer:
     up to twice that late still counts as on time, so a healthy cluster never skips one.
     """
 
-    store: Store
+    store: _TickStore
     batch: int = 100
     interval: float = 1.0
     jitter: float = 0.05  # at most, and at most a tenth of the interval
@@ -105,7 +109,7 @@ class CronFirer:
 class Pruner:
     """Deletes finished job trees older than their retention, in small batches."""
 
-    store: Store
+    store: MaintenanceStore
     retention: Retention
     batch: int = 500
     max_batches: int = 20  # per run, so one run never holds the database for long
@@ -130,7 +134,7 @@ class WorkerForgetter:
     lives, and every look at the cluster would count it; its attempts keep its history.
     """
 
-    store: Store
+    store: MaintenanceStore
     batch: int = 500
 
     async def run_once(self) -> list[str]:

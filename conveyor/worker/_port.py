@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from conveyor.core.model import JSON, NewJob, Progress
-from conveyor.store import Store
+from conveyor.store import WorkerStore
 from conveyor.worker._leases import Interrupt, Leases, Run
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def _outcome_ignored(task: asyncio.Future[Any]) -> None:
 class Port:
     """A running job's way to the worker and the store; every write carries its lease."""
 
-    def __init__(self, run: Run, leases: Leases, store: Store, app: WorkerHost) -> None:
+    def __init__(self, run: Run, leases: Leases, store: WorkerStore, app: WorkerHost) -> None:
         self.run = run
         self.leases = leases
         self.store = store

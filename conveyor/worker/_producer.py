@@ -18,7 +18,7 @@ from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError
 from conveyor.observe import tracing
 from conveyor.observe.hooks import AttemptStarted
-from conveyor.store import Limits, Store
+from conveyor.store import Limits, WorkerStore
 from conveyor.worker._base import WorkerBase, _Phase, log
 from conveyor.worker._leases import Run, may_have_expired
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class Producer(WorkerBase):
     """Claims due jobs into free slots and starts them; waits when none is due."""
 
-    async def _produce(self, store: Store) -> None:
+    async def _produce(self, store: WorkerStore) -> None:
         failures = 0
         while self._phase is _Phase.RUNNING:
             # Clear before claiming, not after: a wake-up (a stop, a freed slot, a
@@ -99,7 +99,7 @@ class Producer(WorkerBase):
         except TimeoutError:
             pass
 
-    async def _listen(self, store: Store) -> None:
+    async def _listen(self, store: WorkerStore) -> None:
         # Loop on a flag, not only on cancellation: asyncio.wait_for in Python 3.11 can
         # swallow a cancel that arrives as its inner wait completes.
         while not self._maintenance_stop.is_set():
@@ -125,7 +125,7 @@ class Producer(WorkerBase):
             for run, previous in self.leases.take_claimed():
                 self._start(store, run, previous)
 
-    def _start(self, store: Store, run: Run, previous: Run | None) -> None:
+    def _start(self, store: WorkerStore, run: Run, previous: Run | None) -> None:
         job = run.job
         if previous is not None and not previous.done:
             # The job was rescued from this worker (its lease ran out) and claimed back:

@@ -20,10 +20,12 @@ import pytest
 from conveyor import store as _store
 from conveyor.store import Store
 
-# Every operation of the protocol, by name.
+# Every operation of the protocol, by name: each is defined in one of its roles.
+ROLES = tuple(r for r in Store.__mro__[1:] if r.__module__ == Store.__module__)
 OPERATIONS = frozenset(
     name
-    for name, method in vars(Store).items()
+    for role in ROLES
+    for name, method in vars(role).items()
     if inspect.isfunction(method) and not name.startswith("_")
 )
 
