@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -121,3 +122,60 @@ async def test_the_write_ahead_log_shrinks_back_after_a_burst(
             break
     assert wal.stat().st_size <= WAL_SIZE_LIMIT, f"the log kept {wal.stat().st_size} bytes"
     assert await store.get("b39-49") is not None and await store.get(f"after-{i}") is not None
+
+
+async def test_a_small_submit_skips_the_hand_off_only_while_the_stores_thread_is_idle(
+    store: SQLiteStore,
+) -> None:
+    """Issue 31: a submit of a few jobs runs on the event loop's thread, saving the two
+    cross-thread wake-ups, unless the store's thread is busy; writes of the same turn
+    still share one transaction, wherever it runs."""
+    loop_thread = threading.get_ident()
+    ran_on: list[int] = []
+
+    def record(conn: sqlite3.Connection) -> None:
+        ran_on.append(threading.get_ident())
+
+    await store._write(record, here=True)
+    await store._write(record)  # claims, settles and the rest: always on the store's thread
+    assert ran_on[0] == loop_thread and ran_on[1] != loop_thread
+    groups, writes = _counts(store)
+    results = await asyncio.gather(*(store.submit([new(f"s{n}")]) for n in range(10)))
+    assert all(r[0].created for r in results)
+    assert _counts(store) == (groups + 1, writes + 10)
+    # While the store's thread runs something, a small write goes there, after it.
+    executor = store._executor
+    assert executor is not None
+    release = threading.Event()
+    holding = asyncio.get_running_loop().run_in_executor(executor, release.wait, 10)
+    while not executor.busy.locked():  # until the store's thread has started it
+        await asyncio.sleep(0.001)
+    later = asyncio.ensure_future(store._write(record, here=True))
+    for _ in range(3):  # its first step, then the end of its turn: the thread is busy
+        await asyncio.sleep(0)
+    assert not later.done()
+    release.set()
+    await holding
+    await asyncio.wait_for(later, 10)
+    assert ran_on[2] != loop_thread
+
+
+async def test_after_a_write_on_the_loops_thread_the_stores_thread_still_waits_for_the_lock(
+    store: SQLiteStore, tmp_path: pathlib.Path
+) -> None:
+    """The loop's thread begins with no busy timeout (it must never wait for another
+    process there); the store's thread puts the timeout back before its next write."""
+    await store.submit([new("on-the-loop")])
+    other = sqlite3.connect(tmp_path / "writes.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        claim = asyncio.ensure_future(
+            store.claim(worker_id="w", queues=["default"], limit=5, lease=30)
+        )
+        await asyncio.sleep(0.3)
+        assert not claim.done(), "the claim did not wait for the lock"
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    claimed = await asyncio.wait_for(claim, 10)
+    assert [j.id for j in claimed] == ["on-the-loop"]

@@ -15,6 +15,14 @@ it, so that the failed write leaves nothing behind and the others commit. A fail
 BEGIN or COMMIT itself (a lock held past the busy timeout, a full disk), or one after
 which SQLite rolled the whole transaction back, fails every write of the group: none of
 them was committed, and each caller gets the error as it would have alone.
+
+A small submit (``here=True``) skips the hand-off: at the end of the turn, if every write
+queued is such a write of this loop and the store's thread is idle (it holds the
+connection's lock, :class:`StoreThread`, while it runs anything), the group runs right
+there on the event loop's thread, which saves the two cross-thread wake-ups that cost
+more than the transaction itself. The loop waits for that one small transaction and its
+fsync, never for another process: ``BEGIN IMMEDIATE`` is tried with no busy timeout, and
+if the file is locked, or the store's thread busy, the group goes to the thread as any.
 """
 
 from __future__ import annotations
@@ -23,31 +31,63 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
-from typing import Any, Generic, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, ParamSpec, TypeVar
 
-from conveyor.store.sqlite._connection import release_wal
+from conveyor.store.sqlite._connection import BUSY_TIMEOUT_MS, release_wal
 from conveyor.store.sqlite._errors import disk_full, rollback
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # How long the store's thread waits for the loop's turn to end before it runs the writes
 # queued so far (the loop may be blocked by a handler: the writes must not wait for it).
 _TURN_WAIT = 0.002
 
 
+class StoreThread(ThreadPoolExecutor):
+    """The store's one thread. Each task runs holding :attr:`busy`, the lock of the
+    connection, so that another thread may use the connection while none runs."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="conveyor-sqlite")
+        self.busy = threading.Lock()
+        # Called with busy held, before each task: the writer puts back the busy timeout
+        # that a write on the loop's thread left at 0.
+        self.on_take: Callable[[], None] | None = None
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        return super().submit(self._holding, fn, *args, **kwargs)
+
+    def submit_bare(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Run ``fn`` on the thread without taking :attr:`busy` for it."""
+        return super().submit(fn, *args, **kwargs)
+
+    def _holding(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self.busy:
+            if self.on_take is not None:
+                self.on_take()
+            return fn(*args, **kwargs)
+
+
+class _Locked(Exception):
+    """Another connection holds the write lock: the group goes to the store's thread."""
+
+
 class _Write(Generic[T]):
-    __slots__ = ("error", "fn", "future", "loop", "result", "then")
+    __slots__ = ("error", "fn", "future", "here", "loop", "result", "then")
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], T],
         then: Callable[[T], None] | None,
         loop: asyncio.AbstractEventLoop,
+        here: bool,
     ) -> None:
         self.fn = fn
         self.then = then
         self.loop = loop
+        self.here = here
         self.future: asyncio.Future[T] = loop.create_future()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -64,7 +104,7 @@ class GroupWriter:
 
     def __init__(
         self,
-        executor: Executor,
+        executor: StoreThread,
         conn: sqlite3.Connection,
         *,
         on_commit: Callable[[sqlite3.Connection], None],
@@ -75,6 +115,10 @@ class GroupWriter:
         self._lock = threading.Lock()
         self._queue: list[_Write[Any]] = []
         self._sent = False  # whether a run of the queue is on its way to the store's thread
+        # Whether the connection's busy timeout is 0, as the loop's thread leaves it (set
+        # and read with the connection's lock held; the store's thread restores it).
+        self._hasty = False
+        executor.on_take = self._patient
         self.groups = 0  # transactions run (for tests and the benchmark)
         self.writes = 0  # writes committed in them
         # Counted before a COMMIT shows in data_version and after it has (or failed): the
@@ -83,16 +127,23 @@ class GroupWriter:
         self.commits_ended = 0
 
     async def write(
-        self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], None] | None = None,
+        *,
+        here: bool = False,
     ) -> T:
-        """Run ``fn`` in a write transaction, with the writes asked during this loop turn."""
+        """Run ``fn`` in a write transaction, with the writes asked during this loop turn
+        (``here``: on this thread if it can, see the module's docstring)."""
         loop = asyncio.get_running_loop()
-        write = _Write(fn, then, loop)
+        write = _Write(fn, then, loop, here)
         with self._lock:
             self._queue.append(write)
             sent = self._sent
             self._sent = True
-        if not sent:
+        if not sent and here:
+            loop.call_soon(self._run_here, loop)
+        elif not sent:
             # The store's thread starts at once but waits for the end of this turn of the
             # loop, so that the writes asked until then (a settle and the claim after
             # it) go in the same transaction; a loop that blocks holds them back only
@@ -104,7 +155,9 @@ class GroupWriter:
 
     def _send(self, turn_over: threading.Event) -> None:
         try:
-            self._executor.submit(self._run_queue, turn_over)
+            # Not submit(): the run takes the connection's lock itself, and lets it go
+            # before it hands the results back.
+            self._executor.submit_bare(self._run_queue, turn_over)
         except RuntimeError:  # the store was closed meanwhile
             with self._lock:
                 writes, self._queue = self._queue, []
@@ -112,6 +165,53 @@ class GroupWriter:
             for w in writes:
                 w.error = RuntimeError("the store is closed")
             _deliver(writes)
+
+    def _run_here(self, loop: asyncio.AbstractEventLoop) -> None:
+        """At the end of the turn, on the loop's thread: run the queue here if it holds
+        only writes of this loop that may run here and the store's thread is idle;
+        else send it to the store's thread."""
+        busy = self._executor.busy
+        if not busy.acquire(blocking=False):  # the store's thread runs something
+            self._send_now()  # the queue as it is; _sent is still set
+            return
+        try:
+            with self._lock:
+                writes = self._queue
+                mine = all(w.here and w.loop is loop for w in writes)
+                if mine:
+                    self._queue, self._sent = [], False
+            if not writes:
+                return
+            if not mine:
+                self._send_now()
+                return
+            try:
+                self._together(writes, wait=False)
+            except _Locked:  # another connection writes: the store's thread waits for it
+                with self._lock:
+                    self._queue[:0] = writes  # first in line, as they were asked first
+                    sent, self._sent = self._sent, True
+                if not sent:
+                    self._send_now()
+                return
+            except BaseException as exc:  # nothing of the group was committed
+                for w in writes:
+                    if w.error is None:
+                        w.error = exc
+            if any(disk_full(w.error) for w in writes):
+                # The log filled the disk: give its space back before anyone tries again
+                # (here too: rare, and the errors must not come back before it is done).
+                release_wal(self._conn)
+                self._hasty = False  # release_wal left the store's busy timeout set
+        finally:
+            busy.release()
+        _settle_futures(writes)
+
+    def _send_now(self) -> None:
+        """Send the queue to the store's thread, the turn being over already."""
+        turn_over = threading.Event()
+        turn_over.set()
+        self._send(turn_over)
 
     # -- on the store's thread ----------------------------------------------------------
 
@@ -122,22 +222,49 @@ class GroupWriter:
             self._sent = False
         if not writes:
             return
-        try:
-            self._together(writes)
-        except BaseException as exc:  # nothing of the group was committed
-            for w in writes:
-                if w.error is None:
-                    w.error = exc
-        if any(disk_full(w.error) for w in writes):
-            # The log filled the disk: give its space back before anyone tries again.
-            release_wal(self._conn)
+        with self._executor.busy:
+            self._patient()
+            try:
+                self._together(writes)
+            except BaseException as exc:  # nothing of the group was committed
+                for w in writes:
+                    if w.error is None:
+                        w.error = exc
+            if any(disk_full(w.error) for w in writes):
+                # The log filled the disk: give its space back before anyone tries again.
+                release_wal(self._conn)
+        # Once the lock is let go: the loop, woken, may find the connection free.
         _deliver(writes)
 
-    def _together(self, writes: list[_Write[Any]]) -> None:
+    def _begin_at_once(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` without waiting for another connection's write lock. The
+        busy timeout stays at 0 until the store's thread next runs (:meth:`_patient`):
+        submits one after the other set it once, not twice each."""
+        if not self._hasty:
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._hasty = True
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
+                raise _Locked() from exc
+            raise
+
+    def _patient(self) -> None:
+        """On the store's thread, before each task: the busy timeout as the store sets it."""
+        if self._hasty:
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._hasty = False
+
+    def _together(self, writes: list[_Write[Any]], *, wait: bool = True) -> None:
         """Run ``writes`` in one transaction, each in a savepoint of its own when there are
-        several; set their results once it has committed. Raises when nothing was."""
+        several; set their results once it has committed. Raises when nothing was
+        (:class:`_Locked` if ``wait`` is False and another connection holds the lock)."""
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        if wait:
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            self._begin_at_once(conn)
         try:
             done = [w for w in writes if _attempt(conn, w, len(writes) > 1)]
         except BaseException:

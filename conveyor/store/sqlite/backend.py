@@ -13,7 +13,6 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -50,7 +49,7 @@ from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
 from conveyor.store.sqlite._submit import insert_plain
 from conveyor.store.sqlite._watcher import Watcher
-from conveyor.store.sqlite._writer import GroupWriter
+from conveyor.store.sqlite._writer import GroupWriter, StoreThread
 
 T = TypeVar("T")
 
@@ -60,6 +59,10 @@ _Q = load_queries("conveyor.store.sqlite")
 _MIGRATIONS = load_migrations("conveyor.store.sqlite")
 
 __all__ = ["SQLiteStore", "parse_sqlite_url"]
+
+# Submits of up to this many jobs may skip the hand-off to the store's thread (_writer.py):
+# a transaction this small blocks the event loop for little more than its fsync.
+_SUBMIT_HERE = 8
 
 
 def _one(cursor: sqlite3.Cursor) -> Any:
@@ -122,7 +125,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
         self.path = path
         self._clock = clock
         self._auto_migrate = migrate
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: StoreThread | None = None
         self._conn: sqlite3.Connection | None = None
         self._watcher: Watcher | None = None
         self._tenant_mix = TenantMix()
@@ -138,19 +141,24 @@ class SQLiteStore(ScriptedOps, SharedReads):
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
 
     async def _write(
-        self, fn: Callable[[sqlite3.Connection], T], then: Callable[[T], None] | None = None
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[T], None] | None = None,
+        *,
+        here: bool = False,
     ) -> T:
         """Run ``fn`` inside a ``BEGIN IMMEDIATE`` transaction; ``then`` once committed.
 
         Writes asked during one turn of the event loop share the transaction, each in a
         savepoint of its own (see :mod:`._writer`). ``then`` gets the result on the
-        store's thread, before the event loop does.
+        thread that ran it, before the event loop does. ``here``: a small write the
+        loop's thread may run itself when the store's thread is idle.
         """
         writer = self._writer
         if writer is None:
             raise RuntimeError("the store is not open: call open() first")
         with translated(self.path):
-            return await writer.write(fn, then)
+            return await writer.write(fn, then, here=here)
 
     def _committed(self, conn: sqlite3.Connection) -> None:
         watcher = self._watcher
@@ -211,7 +219,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
 
     async def _connect_once(self) -> None:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
+            self._executor = StoreThread()
             self._conn = await asyncio.get_running_loop().run_in_executor(
                 self._executor, connect, self.path
             )
@@ -303,7 +311,8 @@ class SQLiteStore(ScriptedOps, SharedReads):
                         return created
             return self._drive(conn, submit_steps(jobs, now), now)
 
-        return await self._write(submit)
+        # A few jobs: written by the loop's thread when the store's is idle (no hand-off).
+        return await self._write(submit, here=len(jobs) <= _SUBMIT_HERE)
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         params = {"ids": json.dumps(list(job_ids))}
