@@ -1,6 +1,7 @@
 """Server CPU per job of a claim and a settle on PostgreSQL: ``python -m bench.pg_costs``.
 
-Drains ``--jobs`` queued no-op jobs in batches of 100 on one connection, with no worker
+Drains ``--jobs`` queued no-op jobs in batches of 100 (``--batch`` sets it for the store's
+variants, as a worker's ``--concurrency`` does) on one connection, with no worker
 around it, and reads the CPU time of the serving backend from ``/proc`` around each
 claim and each settle. Each variant runs on a fresh database holding conveyor's schema;
 the variants are interleaved, ``--rounds`` times. Variants:
@@ -188,7 +189,7 @@ def drain_raw(url: str, variant: str) -> str:
         return meter.line(variant, time.process_time() - cpu)
 
 
-async def drain_store(url: str, variant: str, backlog: int) -> str:
+async def drain_store(url: str, variant: str, backlog: int, batch: int = BATCH) -> str:
     # The app that submits drains: its connections are open before the first reading.
     app = build(url)
     store = await app.store()
@@ -210,7 +211,7 @@ async def drain_store(url: str, variant: str, backlog: int) -> str:
                 worker_id="w",
                 queues=["default"],
                 types=app.registry.names(),
-                limit=BATCH,
+                limit=batch,
                 lease=60,
             )
             middle = cpu_seconds(pids)
@@ -240,6 +241,9 @@ def main() -> None:
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--batch", type=int, default=BATCH, help="jobs per claim and settle (store variants)"
+    )
     parser.add_argument("variants", nargs="*", choices=[*VARIANTS, []], help="default: all")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
@@ -252,7 +256,7 @@ def main() -> None:
                     prepare(url, variant)
                     print(drain_raw(url, variant), flush=True)
                 else:
-                    print(asyncio.run(drain_store(url, variant, args.jobs)), flush=True)
+                    print(asyncio.run(drain_store(url, variant, args.jobs, args.batch)), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
