@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from conveyor import Conveyor, JobContext, Status, WorkerOptions
+from conveyor import Conveyor, JobContext, Status, Submission, WorkerOptions
+from conveyor.app import blocking
 from conveyor.core.model import NewJob
+from conveyor.errors import InvalidPayload
 from conveyor.worker import run_worker
 from tests.helpers import running_worker
 
@@ -37,6 +41,61 @@ def test_blocking_adapter_runs_the_same_code_paths(tmp_path: Path) -> None:
     finally:
         # Python 3.13 warns of a SQLite connection collected unclosed (a ResourceWarning,
         # an error under the suite's filter, raised in whichever test the collector ran).
+        app.sync.close()
+
+
+def test_a_blocking_submit_on_sqlite_is_written_on_the_callers_thread(tmp_path: Path) -> None:
+    """Issue 31: app.sync.submit of a few jobs skips the portal's loop and the store's
+    thread when the store is open and idle (the clock is read where the work is done);
+    what it does not cover goes through the portal, and a locked file is waited for."""
+    where: list[int] = []
+
+    def clock() -> float:
+        where.append(threading.get_ident())
+        return time.time()
+
+    path = tmp_path / "c.db"
+    app = Conveyor(f"sqlite:///{path}", clock=clock)
+
+    @app.job()
+    def shout(ctx: JobContext, word: str) -> str:
+        return word.upper()
+
+    try:
+        app.sync.submit("shout", {"word": "open"})  # opens the portal's store
+        where.clear()
+        job = app.sync.submit(shout, {"word": "hey"}, priority=2)
+        more = app.sync.submit_many([Submission("shout", {"word": w}) for w in "ab"])
+        assert where and set(where) == {threading.get_ident()}
+        assert (
+            job.status is Status.QUEUED
+            and job.record.priority == 2
+            and job.record.payload == {"word": "hey"}
+        )
+        assert app.sync.get(job.id).id == job.id and len({h.id for h in more}) == 2
+        with pytest.raises(InvalidPayload):
+            app.sync.submit("shout", {"word": 1.5})
+        where.clear()
+        tenants = app.sync.submit("shout", {"word": "x"}, tenant="acme")  # through the portal
+        assert threading.get_ident() not in where and tenants.status is Status.QUEUED
+        # Another connection holds the write lock: the submit goes to the store's thread,
+        # which waits for the lock, and commits once it is let go.
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        done: list[object] = []
+        submitter = threading.Thread(
+            target=lambda: done.append(app.sync.submit("shout", {"word": "waited"}))
+        )
+        submitter.start()
+        store = app._stores[blocking.portal_loop()]  # type: ignore[index]
+        while not store._executor.busy.locked():  # type: ignore[attr-defined]
+            submitter.join(0.005)  # until the store's thread waits for the lock
+        assert not done
+        other.execute("COMMIT")
+        other.close()
+        submitter.join(30)
+        assert len(done) == 1 and done[0].status is Status.QUEUED  # type: ignore[attr-defined]
+    finally:
         app.sync.close()
 
 

@@ -43,6 +43,12 @@ def _portal() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def portal_loop() -> asyncio.AbstractEventLoop | None:
+    """The portal's event loop, if one was started (and is not closed)."""
+    loop = _loop
+    return None if loop is None or loop.is_closed() else loop
+
+
 def _close_at_exit() -> None:
     """Close what was used through the portal, on the portal, then stop its loop."""
     loop = _loop

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
-from conveyor.app import blocking
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
+from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.app.handles import (
@@ -668,7 +668,7 @@ class Conveyor:
     @property
     def sync(self) -> Any:
         """Blocking versions of this application's coroutine methods, e.g. ``app.sync.get``."""
-        return blocking.Blocking(self)
+        return SyncConveyor(self)
 
     # -- health, API tokens --------------------------------------------------------------
 

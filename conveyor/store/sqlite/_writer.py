@@ -207,6 +207,43 @@ class GroupWriter:
             busy.release()
         _settle_futures(writes)
 
+    def write_now(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        """Run ``fn`` in a write transaction of its own on the calling thread, a thread
+        without an event loop (a blocking caller's): ``(True, result)`` once committed,
+        or ``(False, None)``, with nothing done, if the store's thread runs something or
+        another connection holds the write lock (the caller then asks the usual way)."""
+        busy = self._executor.busy
+        if not busy.acquire(blocking=False):
+            return False, None
+        try:
+            conn = self._conn
+            try:
+                self._begin_at_once(conn)
+            except _Locked:
+                return False, None
+            try:
+                result = fn(conn)
+            except BaseException:
+                rollback(conn)
+                raise
+            self.commits_begun += 1
+            try:
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                rollback(conn)
+                if disk_full(exc):
+                    release_wal(conn)
+                    self._hasty = False  # release_wal left the store's busy timeout set
+                raise
+            finally:
+                self.commits_ended += 1
+            self.groups += 1
+            self.writes += 1
+            self._on_commit(conn)
+            return True, result
+        finally:
+            busy.release()
+
     def _send_now(self) -> None:
         """Send the queue to the store's thread, the turn being over already."""
         turn_over = threading.Event()

@@ -294,7 +294,22 @@ class SQLiteStore(ScriptedOps, SharedReads):
             )
         if not jobs:
             return []
+        # A few jobs: written by the loop's thread when the store's is idle (no hand-off).
+        return await self._write(self._submitter(jobs), here=len(jobs) <= _SUBMIT_HERE)
 
+    def submit_now(self, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+        """:meth:`submit` of a few jobs on the calling thread, one without an event loop
+        (``app.sync.submit``), sparing it the trips to the loop's thread and the store's;
+        None, with nothing written, when that cannot be done at once (the store is
+        closed or its thread busy, another connection writes): then ask :meth:`submit`."""
+        writer = self._writer
+        if writer is None or not jobs or len(jobs) > _SUBMIT_HERE:
+            return None
+        with translated(self.path):
+            done, submitted = writer.write_now(self._submitter(jobs))
+        return submitted if done else None
+
+    def _submitter(self, jobs: Sequence[NewJob]) -> Callable[[sqlite3.Connection], list[Submitted]]:
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
             now = self._clock()  # one reading, under the write lock, for the whole batch
             if not any(job.depends_on for job in jobs):
@@ -311,8 +326,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
                         return created
             return self._drive(conn, submit_steps(jobs, now), now)
 
-        # A few jobs: written by the loop's thread when the store's is idle (no hand-off).
-        return await self._write(submit, here=len(jobs) <= _SUBMIT_HERE)
+        return submit
 
     async def get_many(self, job_ids: Sequence[str]) -> list[Job]:
         params = {"ids": json.dumps(list(job_ids))}
