@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from conveyor import Conveyor, JobContext, Submission
 from conveyor.app.registry import json_text_problem
-from conveyor.core.jsontext import compact, loads, plain_text, strict_compact
+from conveyor.core.jsontext import compact, loads, plain_text, strict_compact, strict_compact_each
+from conveyor.core.lifecycle import Status
+from conveyor.core.model import NewJob
 from conveyor.errors import ConfigurationError, InvalidPayload
 
 VALUES = [
@@ -89,6 +92,44 @@ def test_a_large_batch_validates_its_payloads_as_one_at_a_time_does(app: Conveyo
     one_by_one = [app.prepare([s])[0] for s in batch]
     assert [j.payload for j in prepared] == [j.payload for j in one_by_one]
     assert prepared[0].payload == {"n": 0} and prepared[1].payload["x"] == 1.0
+
+
+def test_a_large_batch_hands_each_payload_s_text_to_the_store(app: Conveyor) -> None:
+    """The check's JSON text of each payload rides along (NewJob.payload_text) so that a
+    store writes it rather than encoding the payload again; it is the payload's own text,
+    and a copy with another payload does not keep it."""
+    payloads = [{"n": i, "s": f"a\t{i}\n", "x": i / 3} for i in range(40)]
+    prepared = app.prepare([Submission("typed", p) for p in payloads])
+    assert all(j.payload_text == compact(j.payload) for j in prepared)
+    # Not flat plain data: checked one by one, and the store encodes it.
+    odd = app.prepare([Submission("typed", {"n": i, "s": "é"}) for i in range(20)])
+    assert all(j.payload_text is None for j in odd)
+    changed = dataclasses.replace(prepared[0], payload={"n": -1})
+    assert changed.payload_text is None and changed == dataclasses.replace(
+        prepared[0], payload={"n": -1}
+    )
+    assert app.prepare([Submission("typed", {"n": 1})])[0].payload_text is None  # one alone
+    assert strict_compact_each([p for p in payloads]) == [compact(p) for p in payloads]
+    with pytest.raises(ValueError):
+        strict_compact_each([{"n": 1}, {"x": math.nan}])
+
+
+def test_a_new_job_stored_is_its_every_field_and_the_store_s_status_and_times() -> None:
+    at = datetime(2031, 1, 2, tzinfo=UTC)
+    given = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(NewJob)) if f.init}
+    job = NewJob(**given)  # type: ignore[arg-type]
+    stored = job.stored(Status.QUEUED, at, at)
+    for name, value in given.items():
+        if name not in ("run_at", "delay"):
+            assert getattr(stored, name) == value, name
+    assert (stored.status, stored.run_at, stored.created_at) == (Status.QUEUED, at, at)
+    assert (stored.attempt, stored.progress, stored.result, stored.lease_token) == (
+        0,
+        None,
+        None,
+        0,
+    )
+    assert (stored.cancel_requested, stored.retried_by, stored.below) == (False, None, None)
 
 
 def test_a_large_batch_takes_options_as_one_at_a_time_does(app: Conveyor) -> None:

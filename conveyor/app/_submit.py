@@ -28,28 +28,35 @@ _VALIDATE_TOGETHER = 16
 
 def payloads_by_type(
     registry: Registry, submissions: Sequence[Submission]
-) -> list[dict[str, JSON] | None]:
-    """The payloads of a large batch, validated a type at a time (None: not yet).
+) -> tuple[list[dict[str, JSON] | None], list[str | None]]:
+    """The payloads of a large batch, validated a type at a time (None: not yet), and
+    their compact JSON texts where the check wrote them (see ``NewJob.payload_text``).
 
     Only a shortcut: should anything be wrong (an unknown type, a bad payload), nothing is
     validated here and :func:`new_job` checks each job in order, raising for the first
     bad one as it always did.
     """
     payloads: list[dict[str, JSON] | None] = [None] * len(submissions)
+    texts: list[str | None] = [None] * len(submissions)
     if len(submissions) < _VALIDATE_TOGETHER:
-        return payloads
+        return payloads, texts
     by_type: dict[str, list[int]] = {}
     for i, s in enumerate(submissions):
         by_type.setdefault(s.type, []).append(i)
     try:
         for name, where in by_type.items():
             if len(where) >= _VALIDATE_TOGETHER:
-                checked = registry.get(name).validate_many([submissions[i].payload for i in where])
+                checked, written = registry.get(name).validate_many_text(
+                    [submissions[i].payload for i in where]
+                )
                 for i, payload in zip(where, checked, strict=True):
                     payloads[i] = payload
+                if written is not None:
+                    for i, text in zip(where, written, strict=True):
+                        texts[i] = text
     except Exception:  # whatever it is, the checks one by one raise it in order
-        return [None] * len(submissions)
-    return payloads
+        return [None] * len(submissions), [None] * len(submissions)
+    return payloads, texts
 
 
 # A submission's options as stored: queue, max_attempts, priority, timeout, delay, run_at.
@@ -66,12 +73,12 @@ def new_jobs(
     """The jobs ``submissions`` describe, checked as :func:`new_job` checks each, with the
     work they share done once: payloads validated a type at a time, the new ids made
     together, and the options of a type's jobs that set none of their own read once."""
-    payloads = payloads_by_type(registry, submissions)
+    payloads, texts = payloads_by_type(registry, submissions)
     fresh = sum(1 for s in submissions if s.id is None)
     ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
     type_options: dict[str, _Settled] = {}
     jobs = []
-    for s, payload in zip(submissions, payloads, strict=True):
+    for s, payload, text in zip(submissions, payloads, texts, strict=True):
         settled = None
         if (
             s.queue is None
@@ -85,7 +92,9 @@ def new_jobs(
             if settled is None:
                 settled = type_options[s.type] = _settle(registry.get(s.type).options, s)
         job_id = next(ids) if s.id is None else None
-        jobs.append(new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled))
+        job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled)
+        job.payload_text = text  # the text of job.payload itself (None: not written yet)
+        jobs.append(job)
     return jobs
 
 

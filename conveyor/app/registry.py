@@ -14,7 +14,7 @@ import pydantic
 
 from conveyor.core.auth import Principal
 from conveyor.core.durations import Duration, seconds
-from conveyor.core.jsontext import plain_text, strict_compact
+from conveyor.core.jsontext import plain_text, strict_compact, strict_compact_each
 from conveyor.core.retry import Backoff
 from conveyor.errors import ConfigurationError, InvalidPayload, UnknownJobType
 
@@ -204,23 +204,31 @@ class JobType:
         a flat plain mapping, one pydantic refuses, data that is not JSON) takes
         :meth:`validate` one by one, which raises its usual error for the first bad one.
         """
+        return self.validate_many_text(payloads)[0]
+
+    def validate_many_text(
+        self, payloads: Sequence[object]
+    ) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """:meth:`validate_many`, and each payload's compact JSON text as the check that it
+        is JSON wrote it (``json.dumps(payload, separators=(",", ":"))``), for a store to
+        write as it is (None: the payloads took the checks one by one)."""
         if self._takes_nothing or not all(isinstance(p, Mapping) for p in payloads):
-            return [self.validate(p) for p in payloads]
+            return [self.validate(p) for p in payloads], None
         given = [dict(p) for p in payloads]  # type: ignore[call-overload]
         if not all(map(plain_text, given)):
-            return [self.validate(p) for p in payloads]
+            return [self.validate(p) for p in payloads], None
         try:
             models = self._many.validate_python(given)
             data: list[dict[str, Any]] = self._many.dump_python(
                 models, mode="json", exclude_unset=True
             )
-            strict_compact(data)
+            texts = strict_compact_each(data)
         except (pydantic.ValidationError, ValueError, TypeError):
-            return [self.validate(p) for p in payloads]
+            return [self.validate(p) for p in payloads], None
         for item in data:
             if not plain_text(item):
                 _check_json_text(self.name, item)
-        return data
+        return data, texts
 
     @functools.cached_property
     def _many(self) -> pydantic.TypeAdapter[list[Any]]:

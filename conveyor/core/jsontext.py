@@ -50,6 +50,24 @@ compact = _encoder(allow_nan=True)
 strict_compact = _encoder(allow_nan=False)
 
 
+def strict_compact_each(values: list[Any]) -> list[str]:
+    """``[strict_compact(v) for v in values]``, with one encoder for them all: a batch's
+    payloads are encoded for about what encoding their list once costs, where building an
+    encoder per value costs more than encoding a small one.
+
+    One encoder may serve several values in turn: its markers (the values being encoded,
+    to refuse circular ones) are empty again after each value it encoded. On an error
+    (ValueError, TypeError) nothing is returned, and the encoder is dropped.
+    """
+    if c_make_encoder is None:  # pragma: no cover
+        return [strict_compact(v) for v in values]
+    make = c_make_encoder(
+        {}, _default, encode_basestring_ascii, None, ":", ",", False, False, False
+    )
+    join = "".join
+    return [join(make(v, 0)) for v in values]
+
+
 def plain_text(value: dict[Any, Any]) -> bool:
     """Whether a flat mapping holds only what every store writes faithfully as it is:
     ASCII string keys and values without NUL, finite floats, ints, booleans and None.

@@ -7,7 +7,8 @@ change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -75,36 +76,15 @@ class NewJob:
     trace_context: str | None = None  # the submitter's W3C traceparent, when traced
     retry_count: int = 0  # how many manual retries came before this job
     submitted_by: str = "local"  # who submitted it: "token:<id>", "local" from code, ...
+    # The payload as compact JSON text (``json.dumps(payload, separators=(",", ":"))``),
+    # when the submit's check wrote it already: a store writes it as it is rather than
+    # encoding the payload again. Not an argument, so ``dataclasses.replace`` (which may
+    # change the payload) leaves it None in the copy; set it only with the payload's text.
+    payload_text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def stored(self, status: Status, run_at: datetime, created_at: datetime) -> Job:
         """The job as a store has just inserted it, with the times the store decided."""
-        return Job(
-            id=self.id,
-            type=self.type,
-            queue=self.queue,
-            payload=self.payload,
-            status=status,
-            priority=self.priority,
-            attempt=0,
-            max_attempts=self.max_attempts,
-            run_at=run_at,
-            created_at=created_at,
-            timeout=self.timeout,
-            lease=self.lease,
-            backoff_base=self.backoff_base,
-            backoff_cap=self.backoff_cap,
-            tenant=self.tenant,
-            state=self.state,
-            parent_id=self.parent_id,
-            root_id=self.root_id,
-            depends_on=self.depends_on,
-            unique_key=self.unique_key,
-            concurrency_key=self.concurrency_key,
-            retry_of=self.retry_of,
-            trace_context=self.trace_context,
-            retry_count=self.retry_count,
-            submitted_by=self.submitted_by,
-        )
+        return _stored(self, status, run_at, created_at)
 
 
 @dataclass(slots=True, eq=True)
@@ -157,6 +137,34 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.status.terminal
+
+
+def _stored_writer() -> Callable[[NewJob, Status, datetime, datetime], Job]:
+    """Generate :meth:`NewJob.stored`: a :class:`Job` with the new job's value for each
+    field it has, the store's status and times, attempt 0 and Job's default for the rest,
+    passed by position (by keyword, the call cost twice as much, once per submitted job)."""
+    own = {f.name for f in fields(NewJob)}
+    scope: dict[str, Any] = {"Job": Job}
+    values = []
+    for f in fields(Job):
+        if f.name in ("status", "run_at", "created_at"):
+            values.append(f.name)
+        elif f.name == "attempt":
+            values.append("0")
+        elif f.name in own:
+            values.append(f"job.{f.name}")
+        elif f.default is not MISSING:
+            scope[f"default_{f.name}"] = f.default
+            values.append(f"default_{f.name}")
+        else:  # pragma: no cover - a new Job field without a default or a NewJob field
+            raise TypeError(f"NewJob.stored: Job.{f.name} has no default and no new-job value")
+    source = f"def stored(job, status, run_at, created_at):\n    return Job({', '.join(values)})\n"
+    exec(compile(source, "<NewJob.stored>", "exec"), scope)
+    stored: Callable[[NewJob, Status, datetime, datetime], Job] = scope["stored"]
+    return stored
+
+
+_stored = _stored_writer()
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,13 @@ def test_every_field_of_a_job_is_read_and_every_field_of_a_new_job_written() -> 
     read = {c.attribute.partition(".")[0] for c in JOB_TABLE}
     assert read == {f.name for f in dataclasses.fields(Job)} - {"below"}  # below: counts
     written = {c.attribute for c in SUBMITTED}
-    # run_at and delay decide the run_at column; the store decides the status.
-    assert written == {f.name for f in dataclasses.fields(NewJob)} - {"run_at", "delay"}
+    # run_at and delay decide the run_at column; the store decides the status;
+    # payload_text is the payload column's text, when the submit's check wrote it.
+    assert written == {f.name for f in dataclasses.fields(NewJob)} - {
+        "run_at",
+        "delay",
+        "payload_text",
+    }
     assert len(set(JOB_COLUMNS)) == len(JOB_COLUMNS)
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from conveyor.core.jsontext import strict_compact
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
 from conveyor.store import JobPageQuery, Store
@@ -158,6 +159,22 @@ async def test_every_field_is_stored_as_submitted_one_job_or_a_large_batch(
         assert read.submitted_by == job.submitted_by  # type: ignore[attr-defined]
         expected_run_at = job.run_at or read.created_at + timedelta(seconds=job.delay)  # type: ignore[attr-defined]
         assert read.run_at == expected_run_at
+
+
+async def test_a_large_batch_whose_payloads_carry_their_text_stores_the_payloads(
+    store: Store,
+) -> None:
+    """The client's check hands each payload's JSON text along (NewJob.payload_text) in
+    a large batch: a store that writes it (PostgreSQL's COPY) stores the payload it is
+    the text of, awkward text included."""
+    at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    jobs = [_awkward_job(i, at) for i in range(120)]
+    for job in jobs:
+        job.payload_text = strict_compact(job.payload)  # type: ignore[attr-defined]
+    results = await store.submit(jobs)  # type: ignore[arg-type]
+    for job, r in zip(jobs, results, strict=True):
+        assert r.job == await store.get(r.job.id)
+        assert r.job.payload == job.payload  # type: ignore[attr-defined]
 
 
 async def test_get_many_returns_the_jobs_that_exist(store: Store) -> None:

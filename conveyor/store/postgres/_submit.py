@@ -124,10 +124,12 @@ COPY_MIN = 50
 # first, then the ones a batch's jobs usually share (written once per distinct set: see
 # copy_jobs).
 _COPIED = tuple(c for c in SUBMITTED if c.name not in ("unique_key", "depends_on"))
-_OWN = tuple(c for c in _COPIED if c.name in ("id", "payload", "state"))
-_SHARED = tuple(c for c in _COPIED if c not in _OWN)
+# The payload is written from its text (NewJob.payload_text, or encoded here): see copy_jobs.
+_OWN = tuple(c for c in _COPIED if c.name in ("id", "state"))
+_SHARED = tuple(c for c in _COPIED if c not in _OWN and c.name != "payload")
 _COPY_COLUMNS = (
     *(c.name for c in _OWN),
+    "payload",
     "run_at",
     *(c.name for c in _SHARED),
     "status",
@@ -171,8 +173,8 @@ _COPY_WRITES = {
 }
 _COPY_NAMES = {"text": _copy_text, "compact": compact, "NULL": "\\N"}
 _own_text = job_writer(
-    _COPY_WRITES, _COPY_NAMES, columns=_OWN, after=("run_at", "rest"), form="copy", null="NULL",
-    end="",
+    _COPY_WRITES, _COPY_NAMES, columns=_OWN, after=("payload", "run_at", "rest"), form="copy",
+    null="NULL", end="",
 )  # fmt: skip
 _shared_text = job_writer(
     _COPY_WRITES, _COPY_NAMES, columns=_SHARED, after=("status", "created_at"), form="copy",
@@ -195,14 +197,16 @@ def copy_jobs(
 
     The rows are written as COPY text here (per-value adaptation by ``write_row`` cost
     more than everything else on the client), and sent a hundred at a time: the server
-    inserts them while the next are written. A row is its job's own values (id, payload,
-    run time, state) and the rest, which the jobs of a batch usually share (type, queue,
+    inserts them while the next are written. A row is its job's own values (id, state,
+    payload, run time) and the rest, which the jobs of a batch usually share (type, queue,
     options, submitter...): that part is formatted once for each distinct set of values.
+    The payload is the text the submit's check wrote (``payload_text``) where it kept it,
+    rather than encoded a second time.
     """
     results = []
     lines: list[str] = []
     shared: dict[tuple[Any, ...], str] = {}
-    own_text, shared_text, queued = _own_text, _shared_text, Status.QUEUED
+    own_text, shared_text, queued, text = _own_text, _shared_text, Status.QUEUED, _copy_text
     with conn.cursor(row_factory=tuple_row) as cursor:
         if now is None:
             ((now,),) = cursor.execute("SELECT now()").fetchall()
@@ -223,7 +227,10 @@ def copy_jobs(
                 rest = shared.get(key)
                 if rest is None:
                     rest = shared[key] = shared_text(j, "queued", created_text)
-                lines.append(own_text(j, run_at_text, rest))
+                payload = j.payload_text
+                if payload is None:
+                    payload = compact(j.payload)
+                lines.append(own_text(j, text(payload), run_at_text, rest))
                 results.append(Submitted(j.stored(queued, run_at, created), created=True))
                 if n % _COPY_CHUNK == 0:
                     copy.write("".join(lines))
