@@ -4,10 +4,12 @@ a type at a time in a large batch, the C JSON encoder, the quick plain-payload t
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +187,48 @@ def test_loads_reads_what_json_loads_reads_and_refuses_what_it_refuses() -> None
     for bad in ("{} x", "", "{", "[1,]"):
         with pytest.raises(json.JSONDecodeError):
             loads(bad)
+
+
+def test_a_large_submit_holds_the_collector_off_and_puts_it_back_as_it_was() -> None:
+    """Concurrent large submits pause the cyclic collector together, the last one out
+    turns it back on, and a collector the application had turned off stays off."""
+    from conveyor.app._gcpause import PAUSE_FROM, collector_paused
+
+    assert gc.isenabled()
+    with collector_paused(PAUSE_FROM - 1):
+        assert gc.isenabled()  # a small batch leaves it alone
+    first, second = collector_paused(PAUSE_FROM), collector_paused(PAUSE_FROM)
+    first.__enter__()
+    second.__enter__()
+    assert not gc.isenabled()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the other is still inside
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused(PAUSE_FROM):
+        raise RuntimeError("a failed submit")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused(PAUSE_FROM):
+            pass
+        assert not gc.isenabled()  # the application's choice stands
+    finally:
+        gc.enable()
+
+
+async def test_submit_many_pauses_the_collector_only_while_it_runs(app: Conveyor) -> None:
+    seen: list[bool] = []
+    original = app.prepare
+
+    def prepare(submissions: Any, **options: Any) -> Any:
+        seen.append(gc.isenabled())
+        return original(submissions, **options)
+
+    app.prepare = prepare  # type: ignore[method-assign]
+    try:
+        await app.submit_many([Submission("typed", {"n": i}) for i in range(200)])
+        await app.submit_many([Submission("typed", {"n": 1})])
+    finally:
+        await app.close()
+    assert seen == [False, True] and gc.isenabled()

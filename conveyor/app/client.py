@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
+from conveyor.app._gcpause import collector_paused
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._sync import SyncConveyor
@@ -381,14 +382,15 @@ class Conveyor:
     ) -> list[JobHandle]:
         """Submit many jobs in one transaction: all of them are stored, or none.
 
-        ``connection``: as for :meth:`submit`, the application's own transaction.
+        ``connection``: as for :meth:`submit`, the application's own transaction. A large
+        batch holds the cyclic garbage collector off while it runs (app/_gcpause.py).
         """
-        with tracing.submit_span(submissions):
+        with collector_paused(len(submissions)), tracing.submit_span(submissions):
             new_jobs = self.prepare(submissions)
             store = await self.store()
             await self.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs, connection=connection)
-        return self.handles(new_jobs, results)
+            return self.handles(new_jobs, results)
 
     def new_job_id(self, tenant: str | None = None) -> str:
         """A new time-sortable job id, as stored for a job of ``tenant``."""
