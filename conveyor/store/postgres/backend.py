@@ -347,18 +347,6 @@ class PostgresStore(ScriptedOps, SharedReads):
     async def open(self) -> None:
         if self._pool is not None:
             return
-        version = await asyncio.to_thread(self._schema_version)
-        if version < len(_MIGRATIONS):
-            if not self._auto_migrate:
-                raise ConfigurationError(
-                    f"database {describe(self._params)} needs migrations: run `conveyor migrate`"
-                )
-            await self.migrate()
-        elif version > len(_MIGRATIONS):
-            raise ConfigurationError(
-                f"database {describe(self._params)} was migrated by a newer conveyor (schema "
-                f"version {version}, this one knows {len(_MIGRATIONS)}): upgrade conveyor"
-            )
         pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -371,15 +359,42 @@ class PostgresStore(ScriptedOps, SharedReads):
             open=False,
         )
         QUIET_POOLS[self._pool_name] = self
+        # The schema's check and the pool's first connection at once: each is a connection
+        # set up (a round trip or two and a server process), and a worker's start waits
+        # for both. The pool is closed again if the check refuses the database.
+        opening = asyncio.ensure_future(
+            pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)))
+        )
         try:
-            await pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)))
-        except psycopg.OperationalError as exc:
+            await self._check_schema()
+            await opening
+        except BaseException as exc:
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
             await pool.close()
-            raise DatabaseUnavailable(
-                f"cannot open a connection pool to {describe(self._params)}: {reason(exc)}"
-            ) from None
+            if isinstance(exc, psycopg.OperationalError):
+                raise DatabaseUnavailable(
+                    f"cannot open a connection pool to {describe(self._params)}: {reason(exc)}"
+                ) from None
+            raise
         self._pool = pool
         self._open_transactions()
+
+    async def _check_schema(self) -> None:
+        """Refuse a database that is not conveyor's or that a newer conveyor migrated;
+        migrate one that needs it (when allowed)."""
+        version = await asyncio.to_thread(self._schema_version)
+        if version < len(_MIGRATIONS):
+            if not self._auto_migrate:
+                raise ConfigurationError(
+                    f"database {describe(self._params)} needs migrations: run `conveyor migrate`"
+                )
+            await self.migrate()
+        elif version > len(_MIGRATIONS):
+            raise ConfigurationError(
+                f"database {describe(self._params)} was migrated by a newer conveyor (schema "
+                f"version {version}, this one knows {len(_MIGRATIONS)}): upgrade conveyor"
+            )
 
     def _open_transactions(self) -> None:
         """Create the transaction threads and their pool, which connects when needed."""
