@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app._gcpause import collector_paused
+from conveyor.app._stream import streamable, submit_streamed
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._sync import SyncConveyor
@@ -386,6 +387,16 @@ class Conveyor:
         batch holds the cyclic garbage collector off while it runs (app/_gcpause.py).
         """
         with collector_paused(len(submissions)), tracing.submit_span(submissions):
+            store = self._stores.get(asyncio.get_running_loop())  # open already?
+            if store is not None and streamable(submissions, connection):
+                now, parent = self._wallclock(), tracing.current_traceparent()
+                streamed = await submit_streamed(
+                    store,
+                    submissions,
+                    lambda part: _new_jobs(self.registry, part, now, parent, "local"),
+                )
+                if streamed is not None:
+                    return self.handles(*streamed)
             new_jobs = self.prepare(submissions)
             store = await self.store()
             await self.tenants.check_room(store, new_jobs)

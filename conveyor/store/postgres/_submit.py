@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -203,8 +203,21 @@ def copy_jobs(
     The payload is the text the submit's check wrote (``payload_text``) where it kept it,
     rather than encoded a second time.
     """
+    step = _COPY_CHUNK
+    return copy_chunks(conn, (jobs[i : i + step] for i in range(0, len(jobs), step)), now)
+
+
+def copy_chunks(
+    conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
+) -> list[Submitted]:
+    """:func:`copy_jobs` of the jobs of ``chunks``, each chunk sent to the server as soon
+    as it is written, before the next is asked for: a caller that prepares the jobs as
+    they are asked for has them checked while the server inserts the ones before.
+
+    Should ``chunks`` raise (a bad payload further on), the COPY is abandoned and nothing
+    is stored: it is one statement in one transaction.
+    """
     results = []
-    lines: list[str] = []
     shared: dict[tuple[Any, ...], str] = {}
     own_text, shared_text, queued, text = _own_text, _shared_text, Status.QUEUED, _copy_text
     with conn.cursor(row_factory=tuple_row) as cursor:
@@ -213,30 +226,29 @@ def copy_jobs(
         created = utc(now)
         created_text = created.isoformat()
         with cursor.copy(_COPY) as copy:
-            for n, j in enumerate(jobs, 1):
-                if j.run_at is None and not j.delay:
-                    run_at, run_at_text = created, created_text
-                else:
-                    run_at = (
-                        utc(j.run_at)
-                        if j.run_at is not None
-                        else created + timedelta(seconds=j.delay)
-                    )
-                    run_at_text = run_at.isoformat()
-                key = _shared_fields(j)
-                rest = shared.get(key)
-                if rest is None:
-                    rest = shared[key] = shared_text(j, "queued", created_text)
-                payload = j.payload_text
-                if payload is None:
-                    payload = compact(j.payload)
-                lines.append(own_text(j, text(payload), run_at_text, rest))
-                results.append(Submitted(j.stored(queued, run_at, created), created=True))
-                if n % _COPY_CHUNK == 0:
+            for chunk in chunks:
+                lines: list[str] = []
+                for j in chunk:
+                    if j.run_at is None and not j.delay:
+                        run_at, run_at_text = created, created_text
+                    else:
+                        run_at = (
+                            utc(j.run_at)
+                            if j.run_at is not None
+                            else created + timedelta(seconds=j.delay)
+                        )
+                        run_at_text = run_at.isoformat()
+                    key = _shared_fields(j)
+                    rest = shared.get(key)
+                    if rest is None:
+                        rest = shared[key] = shared_text(j, "queued", created_text)
+                    payload = j.payload_text
+                    if payload is None:
+                        payload = compact(j.payload)
+                    lines.append(own_text(j, text(payload), run_at_text, rest))
+                    results.append(Submitted(j.stored(queued, run_at, created), created=True))
+                if lines:
                     copy.write("".join(lines))
-                    lines.clear()
-            if lines:
-                copy.write("".join(lines))
     return results
 
 

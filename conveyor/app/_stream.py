@@ -1,0 +1,85 @@
+"""A large batch prepared a chunk at a time while the store writes it (PostgreSQL's COPY).
+
+``submit_many`` checks a whole batch (``prepare``), then the store sends it, then the
+server inserts it: with the client's checks and the server's inserts one after the other,
+the server waits while the client checks. For a batch of plain jobs (no ids, unique keys,
+dependencies or tenants, on conveyor's own connection) the store can instead ask for
+the jobs a chunk at a time inside its one COPY: each chunk is checked as the server inserts
+the one before. The COPY is one statement in one transaction, so a bad payload further on
+stores nothing, and the error raised is the first bad job's, as ``prepare`` raises it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from conveyor.app.handles import Submission
+from conveyor.core.model import NewJob
+from conveyor.store.protocol import Submitted
+
+# Batches at least this large are streamed, in chunks of this many jobs.
+STREAM_FROM = 400
+CHUNK = 200
+
+
+def streamable(submissions: Sequence[Submission], connection: Any) -> bool:
+    """Whether a batch may be prepared as its COPY asks for it: large, on conveyor's own
+    connection, and of jobs the COPY takes and no tenant's limit applies to."""
+    if connection is not None or len(submissions) < STREAM_FROM:
+        return False
+    for s in submissions:
+        if s.id is not None or s.unique_key is not None or s.tenant is not None or s.depends_on:
+            return False
+    return True
+
+
+class PreparedChunks:
+    """A batch's jobs, prepared a chunk at a time as they are asked for (on the store's
+    thread), each chunk once: a second pass (the COPY again after a lost connection)
+    gives the same jobs, ids included."""
+
+    def __init__(
+        self,
+        submissions: Sequence[Submission],
+        prepare: Callable[[Sequence[Submission]], list[NewJob]],
+    ) -> None:
+        self._submissions = submissions
+        self._prepare = prepare
+        self._chunks: list[list[NewJob]] = []
+
+    def __iter__(self) -> Iterator[list[NewJob]]:
+        for i in range(len(self._submissions) // CHUNK + 1):
+            if i < len(self._chunks):
+                chunk = self._chunks[i]
+            else:
+                part = self._submissions[i * CHUNK : (i + 1) * CHUNK]
+                if not part:
+                    return
+                chunk = self._prepare(part)
+                self._chunks.append(chunk)
+            yield chunk
+
+    def jobs(self) -> list[NewJob]:
+        """Every job of the batch (those not asked for yet prepared now)."""
+        for _ in self:
+            pass
+        return [job for chunk in self._chunks for job in chunk]
+
+
+async def submit_streamed(
+    store: object,
+    submissions: Sequence[Submission],
+    prepare: Callable[[Sequence[Submission]], list[NewJob]],
+) -> tuple[list[NewJob], list[Submitted]] | None:
+    """Submit a :func:`streamable` batch prepared a chunk at a time by ``store``'s COPY
+    (None: ``store`` cannot: submit it the usual way). Returns the jobs and the results."""
+    copy_prepared = getattr(store, "copy_prepared", None)
+    if copy_prepared is None:
+        return None
+    chunks = PreparedChunks(submissions, prepare)
+    results: list[Submitted] | None = await copy_prepared(chunks)
+    if results is None:  # an id was taken, nothing stored: the usual way finds its job
+        jobs = chunks.jobs()
+        return jobs, await store.submit(jobs)  # type: ignore[attr-defined]
+    return chunks.jobs(), results

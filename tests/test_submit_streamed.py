@@ -1,0 +1,89 @@
+"""A large plain batch on PostgreSQL is prepared a chunk at a time inside its one COPY
+(app/_stream.py): it must give the answers of the usual way, on every backend, and a bad
+payload anywhere in it stores nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor import Conveyor, InvalidPayload, JobContext, Submission
+from conveyor.app import _stream
+from conveyor.app._stream import PreparedChunks, streamable
+
+
+def _typed(app: Conveyor) -> None:
+    @app.job(name="typed", max_attempts=4)
+    async def typed(ctx: JobContext, n: int, t: float = 0.0) -> None: ...
+
+
+async def _count(app: Conveyor) -> int:
+    return len((await app.page_jobs(limit=1000, type="typed")).jobs)
+
+
+async def test_a_large_batch_is_stored_whole_with_its_handles_in_order(app: Conveyor) -> None:
+    _typed(app)
+    await app.submit("typed", {"n": -1})  # the store is open: the streamed way applies
+    store = await app.store()
+    copy_prepared = getattr(store, "copy_prepared", None)
+    streamed: list[int] = []
+    if copy_prepared is not None:  # PostgreSQL's
+
+        async def spy(chunks: PreparedChunks) -> Any:
+            streamed.append(1)
+            return await copy_prepared(chunks)
+
+        store.copy_prepared = spy  # type: ignore[attr-defined]
+    batch = [Submission("typed", {"n": i, "t": i / 7}, priority=i % 3) for i in range(950)]
+    handles = await app.submit_many(batch)
+    assert streamed == ([1] if copy_prepared is not None else [])
+    assert [h.record.payload for h in handles] == [{"n": i, "t": i / 7} for i in range(950)]
+    assert len({h.id for h in handles}) == 950
+    for h in handles[::97]:
+        stored = (await app.get(h.id)).record
+        assert stored == h.record and stored.priority == stored.payload["n"] % 3
+        assert stored.max_attempts == 4
+    assert await _count(app) == 951
+
+
+async def test_a_bad_payload_late_in_the_batch_stores_nothing(app: Conveyor) -> None:
+    _typed(app)
+    await app.submit("typed", {"n": -1})
+    batch = [Submission("typed", {"n": i}) for i in range(900)]
+    batch[777] = Submission("typed", {"n": "not a number"})
+    with pytest.raises(InvalidPayload, match="n"):
+        await app.submit_many(batch)
+    assert await _count(app) == 1
+    assert len(await app.submit_many(batch[:777])) == 777  # the store still works
+
+
+def test_a_retried_copy_gets_the_same_jobs_again() -> None:
+    made: list[int] = []
+
+    def prepare(part: Any) -> list[Any]:
+        made.append(len(part))
+        return [object() for _ in part]
+
+    chunks = PreparedChunks([Submission("typed", {"n": i}) for i in range(450)], prepare)
+    first = [job for chunk in chunks for job in chunk]
+    again = [job for chunk in chunks for job in chunk]
+    assert first == again and len(first) == 450 and made == [200, 200, 50]
+    assert chunks.jobs() == first and made == [200, 200, 50]
+    half = PreparedChunks([Submission("typed", {"n": i}) for i in range(450)], prepare)
+    next(iter(half))
+    assert len(half.jobs()) == 450
+
+
+def test_only_plain_large_batches_on_conveyor_s_connection_are_streamed() -> None:
+    plain = [Submission("typed", {"n": i}) for i in range(_stream.STREAM_FROM)]
+    assert streamable(plain, None)
+    assert not streamable(plain[:-1], None)
+    assert not streamable(plain, object())
+    for odd in (
+        Submission("typed", {"n": 0}, id="mine"),
+        Submission("typed", {"n": 0}, unique_key="k"),
+        Submission("typed", {"n": 0}, tenant="acme"),
+        Submission("typed", {"n": 0}, depends_on=("x",)),
+    ):
+        assert not streamable([*plain, odd], None)
