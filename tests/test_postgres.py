@@ -233,7 +233,7 @@ async def test_leases_and_run_at_are_server_times(store: PostgresStore) -> None:
 
 
 def test_a_copied_batch_writes_every_column_the_submit_insert_writes() -> None:
-    """Large batches are written with COPY (_submit.copy_jobs): a column added to the
+    """Large batches are written with COPY (_submit.copy_chunks): a column added to the
     submit INSERT must be added to the COPY too (unique keys and dependencies never
     take the COPY path)."""
     from conveyor.store.postgres._submit import _COPY_COLUMNS

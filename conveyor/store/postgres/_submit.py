@@ -182,41 +182,46 @@ _shared_text = job_writer(
 )  # fmt: skip
 
 
-def copy_jobs(
-    conn: psycopg.Connection[Any], jobs: Sequence[NewJob], now: datetime | None
-) -> list[Submitted]:
-    """Insert queued jobs with COPY, as the submit INSERT would.
+def copy_slices(jobs: Sequence[NewJob]) -> list[Sequence[NewJob]]:
+    """A prepared batch as :func:`copy_chunks` takes it: a hundred jobs at a time."""
+    return [jobs[i : i + _COPY_CHUNK] for i in range(0, len(jobs), _COPY_CHUNK)]
+
+
+def copy_chunks(
+    conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
+) -> list[Submitted] | None:
+    """Insert the queued jobs of ``chunks`` with COPY, as the submit INSERT would.
 
     On a connection in autocommit (the store's), the COPY is a transaction of its own:
     three round trips in all (``now()``, the COPY's start and its end), where BEGIN and
     COMMIT would add two. The times are the server's ``now()``, read first: as if the
     transaction had begun then, as the INSERT's does.
     COPY has no ON CONFLICT: an id already taken (a resubmitted client id, or this very
-    batch committed once before a lost connection) raises UniqueViolation, and the caller
-    submits the batch again the usual way, which returns the existing jobs.
+    batch committed once before a lost connection) fails the COPY, nothing is stored and
+    None is returned; the caller submits the batch again the usual way, which returns the
+    existing jobs.
 
     The rows are written as COPY text here (per-value adaptation by ``write_row`` cost
-    more than everything else on the client), and sent a hundred at a time: the server
-    inserts them while the next are written. A row is its job's own values (id, state,
-    payload, run time) and the rest, which the jobs of a batch usually share (type, queue,
-    options, submitter...): that part is formatted once for each distinct set of values.
-    The payload is the text the submit's check wrote (``payload_text``) where it kept it,
-    rather than encoded a second time.
-    """
-    step = _COPY_CHUNK
-    return copy_chunks(conn, (jobs[i : i + step] for i in range(0, len(jobs), step)), now)
-
-
-def copy_chunks(
-    conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
-) -> list[Submitted]:
-    """:func:`copy_jobs` of the jobs of ``chunks``, each chunk sent to the server as soon
-    as it is written, before the next is asked for: a caller that prepares the jobs as
-    they are asked for has them checked while the server inserts the ones before.
+    more than everything else on the client). Each chunk is sent to the server as soon as
+    it is written, before the next is asked for: the server inserts it while the next is
+    written, and a caller that prepares the jobs as they are asked for has them checked
+    meanwhile. A row is its job's own values (id, state, payload, run time) and the rest,
+    which the jobs of a batch usually share (type, queue, options, submitter...): that
+    part is formatted once for each distinct set of values. The payload is the text the
+    submit's check wrote (``payload_text``) where it kept it, rather than encoded again.
 
     Should ``chunks`` raise (a bad payload further on), the COPY is abandoned and nothing
     is stored: it is one statement in one transaction.
     """
+    try:
+        return _copy_chunks(conn, chunks, now)
+    except psycopg.errors.UniqueViolation:
+        return None
+
+
+def _copy_chunks(
+    conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
+) -> list[Submitted]:
     results = []
     shared: dict[tuple[Any, ...], str] = {}
     own_text, shared_text, queued, text = _own_text, _shared_text, Status.QUEUED, _copy_text

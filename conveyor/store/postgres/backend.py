@@ -72,7 +72,7 @@ from conveyor.store.postgres._settle import Settles
 from conveyor.store.postgres._submit import (
     ApplicationSubmits,
     copy_chunks,
-    copy_jobs,
+    copy_slices,
     copyable,
     submit_steps,
 )
@@ -495,33 +495,25 @@ class PostgresStore(ScriptedOps, SharedReads):
                 if one is not None:
                     return [one]
                 return await self._read(lambda: submit_steps(jobs, None))
-            if copyable(jobs):
-                try:
-                    return await self._transaction(
-                        lambda conn: copy_jobs(conn, jobs, self._now()), atomic=False
-                    )
-                except psycopg.errors.UniqueViolation:
-                    pass  # an id is taken: the INSERT below returns the job holding it
+            # COPY, unless an id is taken (None): then the INSERT below returns its job.
+            if copyable(jobs) and (copied := await self.copy_prepared(copy_slices(jobs))):
+                return copied
             return await self._script(lambda: submit_steps(jobs, None))
         return await self._on_application.submit(connection, jobs, self._now())
 
     async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> list[Submitted] | None:
-        """Insert the queued jobs of ``chunks`` with one COPY (see ``copy_chunks``), the
-        chunks taken one after the other on the store's thread, each sent before the next
-        is asked for: prepared as they are asked for, a batch is checked while the server
-        inserts its first rows. Jobs without unique keys or dependencies only.
+        """Insert the queued jobs of ``chunks`` with one COPY (``_submit.copy_chunks``),
+        the chunks taken one after the other on the store's thread, each sent before the
+        next is asked for: prepared as they are asked for, a batch is checked while the
+        server inserts its first rows. Jobs without unique keys or dependencies only.
 
-        None: an id was taken, and nothing was stored (the caller submits the batch the
-        usual way). Should ``chunks`` raise, nothing is stored and the error is raised.
-        After a lost connection the COPY runs again: ``chunks`` must then give the same
-        jobs again.
+        None: an id was taken, and nothing was stored (submit the batch the usual way).
+        Should ``chunks`` raise, nothing is stored and the error is raised. After a lost
+        connection the COPY runs again: ``chunks`` must then give the same jobs again.
         """
-        try:
-            return await self._transaction(
-                lambda conn: copy_chunks(conn, chunks, self._now()), atomic=False
-            )
-        except psycopg.errors.UniqueViolation:
-            return None
+        return await self._transaction(
+            lambda conn: copy_chunks(conn, chunks, self._now()), atomic=False
+        )
 
     async def _database(self) -> tuple[str, datetime]:
         """This store's database: its name and its server's start time (read each time: a
