@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from conveyor.app._gcpause import collector_paused
 from conveyor.app.handles import JobHandle, Submission
 from conveyor.observe import tracing
 from conveyor.store.protocol import (
@@ -48,12 +49,12 @@ class Operations:
         False means an existing job was returned: the same id, or an active job holding
         the same ``unique_key``.
         """
-        with tracing.submit_span(submissions):
+        with collector_paused(len(submissions)), tracing.submit_span(submissions):
             new_jobs = self._app.prepare(submissions, submitted_by=submitted_by)
             store: SubmitStore = await self._app.store()
             await self._app.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs)
-        handles = self._app.handles(new_jobs, results)
+            handles = self._app.handles(new_jobs, results)
         return [(h, r.created) for h, r in zip(handles, results, strict=True)]
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobHandle]:
