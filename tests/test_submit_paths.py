@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import json
 import math
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,28 @@ def test_a_large_submit_holds_the_collector_off_and_puts_it_back_as_it_was() -> 
         assert not gc.isenabled()  # the application's choice stands
     finally:
         gc.enable()
+
+
+def test_a_pause_is_not_joined_once_old_so_overlapping_submits_cannot_hold_it_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server taking one bulk submit after another, each overlapping the last, would
+    keep a pause that any of them may join going as long as the overlap lasts."""
+    from conveyor.app import _gcpause
+
+    monkeypatch.setattr(_gcpause, "JOIN_WITHIN", 0.0)  # every pause already too old to join
+    first = _gcpause.collector_paused(_gcpause.PAUSE_FROM)
+    first.__enter__()
+    assert not gc.isenabled()
+    started = time.monotonic()
+    while time.monotonic() == started:  # the pause ages (the clock moves on)
+        pass
+    late = _gcpause.collector_paused(_gcpause.PAUSE_FROM)
+    late.__enter__()  # runs without joining it
+    first.__exit__(None, None, None)
+    assert gc.isenabled(), "the pause ended with the call that began it"
+    late.__exit__(None, None, None)
+    assert gc.isenabled()
 
 
 async def test_submit_many_pauses_the_collector_only_while_it_runs(app: Conveyor) -> None:
