@@ -186,7 +186,7 @@ class GroupWriter:
                 self._send_now()
                 return
             try:
-                self._together(writes, wait=False)
+                self._run_group(writes, wait=False)
             except _Locked:  # another connection writes: the store's thread waits for it
                 with self._lock:
                     self._queue[:0] = writes  # first in line, as they were asked first
@@ -194,15 +194,6 @@ class GroupWriter:
                 if not sent:
                     self._send_now()
                 return
-            except BaseException as exc:  # nothing of the group was committed
-                for w in writes:
-                    if w.error is None:
-                        w.error = exc
-            if any(disk_full(w.error) for w in writes):
-                # The log filled the disk: give its space back before anyone tries again
-                # (here too: rare, and the errors must not come back before it is done).
-                release_wal(self._conn)
-                self._hasty = False  # release_wal left the store's busy timeout set
         finally:
             busy.release()
         _settle_futures(writes)
@@ -261,17 +252,29 @@ class GroupWriter:
             return
         with self._executor.busy:
             self._patient()
-            try:
-                self._together(writes)
-            except BaseException as exc:  # nothing of the group was committed
-                for w in writes:
-                    if w.error is None:
-                        w.error = exc
-            if any(disk_full(w.error) for w in writes):
-                # The log filled the disk: give its space back before anyone tries again.
-                release_wal(self._conn)
+            self._run_group(writes)
         # Once the lock is let go: the loop, woken, may find the connection free.
         _deliver(writes)
+
+    def _run_group(self, writes: list[_Write[Any]], *, wait: bool = True) -> None:
+        """Run ``writes`` in one transaction, on whichever thread holds the connection.
+
+        A failure that committed nothing becomes the error of each write without one of
+        its own; after a full disk the log's space is given back before anyone tries
+        again (and before the errors come back). ``wait=False``: raises :class:`_Locked`,
+        nothing done, if another connection holds the write lock.
+        """
+        try:
+            self._together(writes, wait=wait)
+        except _Locked:
+            raise
+        except BaseException as exc:  # nothing of the group was committed
+            for w in writes:
+                if w.error is None:
+                    w.error = exc
+        if any(disk_full(w.error) for w in writes):
+            release_wal(self._conn)
+            self._hasty = False  # release_wal left the store's busy timeout set
 
     def _begin_at_once(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` without waiting for another connection's write lock. The
