@@ -97,21 +97,24 @@ def test_a_large_batch_validates_its_payloads_as_one_at_a_time_does(app: Conveyo
     assert prepared[0].payload == {"n": 0} and prepared[1].payload["x"] == 1.0
 
 
-def test_a_large_batch_hands_each_payload_s_text_to_the_store(app: Conveyor) -> None:
+def test_each_payload_s_text_rides_along_to_the_store(app: Conveyor) -> None:
     """The check's JSON text of each payload rides along (NewJob.payload_text) so that a
-    store writes it rather than encoding the payload again; it is the payload's own text,
-    and a copy with another payload does not keep it."""
+    store writes it rather than encoding the payload again: a large batch's, checked a
+    type at a time, a payload checked one by one, a job submitted alone. It is the
+    payload's own text, and a copy with another payload does not keep it."""
     payloads = [{"n": i, "s": f"a\t{i}\n", "x": i / 3} for i in range(40)]
     prepared = app.prepare([Submission("typed", p) for p in payloads])
     assert all(j.payload_text == compact(j.payload) for j in prepared)
-    # Not flat plain data: checked one by one, and the store encodes it.
+    # Not flat plain data: checked one by one, each writing its own text.
     odd = app.prepare([Submission("typed", {"n": i, "s": "é"}) for i in range(20)])
-    assert all(j.payload_text is None for j in odd)
+    assert all(j.payload_text == compact(j.payload) == f'{{"n":{i},"s":"\\u00e9"}}'
+               for i, j in enumerate(odd))  # fmt: skip
     changed = dataclasses.replace(prepared[0], payload={"n": -1})
     assert changed.payload_text is None and changed == dataclasses.replace(
         prepared[0], payload={"n": -1}
     )
-    assert app.prepare([Submission("typed", {"n": 1})])[0].payload_text is None  # one alone
+    alone = app.prepare([Submission("typed", {"n": 1})])[0]
+    assert alone.payload_text == compact(alone.payload) == '{"n":1}'
     assert strict_compact_each([p for p in payloads]) == [compact(p) for p in payloads]
     with pytest.raises(ValueError):
         strict_compact_each([{"n": 1}, {"x": math.nan}])
@@ -255,3 +258,42 @@ async def test_submit_many_pauses_the_collector_only_while_it_runs(app: Conveyor
     finally:
         await app.close()
     assert seen == [False, True] and gc.isenabled()
+
+
+async def test_a_plain_submit_stores_what_the_long_way_stores(tmp_path: Path) -> None:
+    """``submit`` with nothing but a type and payload takes a shortcut (the type's options
+    read once): the job it stores is the one ``submit_many`` stores, field for field, and
+    each type's jobs get that type's options."""
+    app = Conveyor(f"sqlite:///{tmp_path / 'p.db'}")
+
+    @app.job(name="opts", queue="q1", priority=3, max_attempts=5, timeout=7, lease=11)
+    async def opts(ctx: JobContext, n: int, s: str = "") -> None: ...
+
+    @app.job(name="typed")
+    async def typed(ctx: JobContext, n: int) -> None: ...
+
+    try:
+        short = await app.submit("opts", {"n": 1, "s": "é\x01"})
+        (long,) = await app.submit_many([Submission("opts", {"n": 1, "s": "é\x01"})])
+        ignored = {"id", "run_at", "created_at"}
+        for record in (short.record, long.record):
+            stored = (await app.get(record.id)).record
+            assert stored == record
+        assert {
+            f.name: getattr(short.record, f.name)
+            for f in dataclasses.fields(short.record)
+            if f.name not in ignored
+        } == {
+            f.name: getattr(long.record, f.name)
+            for f in dataclasses.fields(long.record)
+            if f.name not in ignored
+        }
+        first = short.record
+        assert (first.queue, first.priority, first.max_attempts) == ("q1", 3, 5)
+        with pytest.raises(InvalidPayload):
+            await app.submit("opts", {"n": 1, "s": "nul\x00"})
+
+        default = (await app.submit("typed", {"n": 2})).record
+        assert (default.queue, default.priority, default.max_attempts) == ("default", 0, 3)
+    finally:
+        await app.close()

@@ -5,11 +5,12 @@ jobs submitted together refused before anything is stored."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from datetime import datetime
 
 from conveyor.app.handles import Submission
-from conveyor.app.registry import JobOptions, Registry, check_queue, optional_seconds
+from conveyor.app.registry import JobOptions, JobType, Registry, check_queue, optional_seconds
 from conveyor.core.ids import check_job_id, local, new_id, new_ids, qualify
 from conveyor.core.model import JSON, NewJob, check_run_at
 from conveyor.errors import ConfigurationError, InvalidDependency, InvalidPayload
@@ -51,9 +52,8 @@ def payloads_by_type(
                 )
                 for i, payload in zip(where, checked, strict=True):
                     payloads[i] = payload
-                if written is not None:
-                    for i, text in zip(where, written, strict=True):
-                        texts[i] = text
+                for i, text in zip(where, written, strict=True):
+                    texts[i] = text
     except Exception:  # whatever it is, the checks one by one raise it in order
         return [None] * len(submissions), [None] * len(submissions)
     return payloads, texts
@@ -76,10 +76,11 @@ def new_jobs(
     payloads, texts = payloads_by_type(registry, submissions)
     fresh = sum(1 for s in submissions if s.id is None)
     ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
-    type_options: dict[str, _Settled] = {}
+    # A type's options for its jobs that set none of their own, read once: the job's
+    # fields from queue to backoff_cap, as NewJob takes them by position.
+    type_options: dict[str, _Shared] = {}
     jobs = []
     for s, payload, text in zip(submissions, payloads, texts, strict=True):
-        settled = None
         if (
             s.queue is None
             and s.max_attempts is None
@@ -88,14 +89,63 @@ def new_jobs(
             and s.delay is None
             and s.run_at is None
         ):
-            settled = type_options.get(s.type)
-            if settled is None:
-                settled = type_options[s.type] = _settle(registry.get(s.type).options, s)
-        job_id = next(ids) if s.id is None else None
-        job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled)
-        job.payload_text = text  # the text of job.payload itself (None: not written yet)
+            shared = type_options.get(s.type)
+            if shared is None:
+                shared = type_options[s.type] = _shared(registry.get(s.type).options, s)
+            if payload is not None and s.id is None and s.tenant is None and not s.depends_on:
+                # The plain job of a large batch, its payload checked already: what
+                # new_job would make of it, built here (by position: a call by keyword
+                # and new_job's own checks cost more than the rest of the job's making).
+                job = NewJob(next(ids), s.type, payload, *shared, None, s.unique_key,
+                             s.concurrency_key, (), None, None, None, None, traceparent, 0,
+                             submitted_by)  # fmt: skip
+            else:
+                settled = (shared[0], shared[4], shared[1], shared[5], shared[3], shared[2])
+                job_id = next(ids) if s.id is None else None
+                job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled)
+        else:
+            job_id = next(ids) if s.id is None else None
+            job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id)
+        if text is not None:  # the text of job.payload itself, as the batch's check wrote it
+            job.payload_text = text
         jobs.append(job)
     return jobs
+
+
+# NewJob's fields from queue to backoff_cap: queue, priority, run_at, delay, max_attempts,
+# timeout, lease, backoff_base, backoff_cap.
+_Shared = tuple[str, int, datetime | None, float, int, float | None, float | None, float, float]
+
+
+def plain_job(
+    registry: Registry, name: str, payload: object, now: float, traceparent: str | None
+) -> NewJob:
+    """The job of a submit from code that sets nothing but its type and payload, as
+    :func:`new_job` makes it, with the type's options read once for all its jobs (the
+    common call, made once per job: the batch's machinery would cost more than the job)."""
+    job_type = registry.get(name)
+    checked, text = job_type.validate_text(payload)
+    shared = _plain.get(job_type)
+    if shared is None:
+        shared = _plain[job_type] = _shared(job_type.options, _NO_OPTIONS)
+    job = NewJob(new_id(now), name, checked, *shared, None, None, None, (), None, None,
+                 None, None, traceparent, 0, "local")  # fmt: skip
+    job.payload_text = text
+    return job
+
+
+# The fields the jobs of a registered type (whose options never change) share when they
+# set no options of their own.
+_plain: weakref.WeakKeyDictionary[JobType, _Shared] = weakref.WeakKeyDictionary()
+_NO_OPTIONS = Submission(type="", payload={})
+
+
+def _shared(options: JobOptions, s: Submission) -> _Shared:
+    """The fields a type's jobs that set no options of their own share, checked."""
+    queue, max_attempts, priority, timeout, delay, run_at = _settle(options, s)
+    backoff = options.backoff
+    return (queue, priority, run_at, delay, max_attempts, timeout, options.lease,
+            backoff.base, backoff.cap)  # fmt: skip
 
 
 def new_job(
@@ -113,8 +163,9 @@ def new_job(
     without one; ``settled``: its options, checked already)."""
     job_type = registry.get(s.type)
     options = job_type.options
+    text = None
     if payload is None:
-        payload = job_type.validate(s.payload)
+        payload, text = job_type.validate_text(s.payload)
     if s.id is not None:
         try:
             check_job_id(local(s.tenant, s.id))
@@ -127,7 +178,7 @@ def new_job(
         job_id = s.id or job_id or new_id(now)
     else:
         job_id, depends_on = _stored_names(s, s.id or job_id or new_id(now))
-    return NewJob(
+    job = NewJob(
         id=job_id,
         type=s.type,
         payload=payload,
@@ -147,6 +198,8 @@ def new_job(
         trace_context=traceparent,
         submitted_by=submitted_by,
     )
+    job.payload_text = text  # the text of job.payload itself (None: not written here)
+    return job
 
 
 def _settle(options: JobOptions, s: Submission) -> _Settled:

@@ -20,7 +20,6 @@ and ``job.sync.wait()``: the same code paths, run on a portal loop.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import os
 import time
@@ -34,6 +33,7 @@ from conveyor.app._gcpause import collector_paused
 from conveyor.app._stream import streamable, submit_streamed
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
+from conveyor.app._submit import plain_job as _plain_job
 from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
@@ -326,6 +326,22 @@ class Conveyor:
         application's own transaction instead: it exists only if that transaction commits.
         """
         name = type.name if isinstance(type, JobDefinition) else type
+        if (
+            id is None
+            and queue is None
+            and priority is None
+            and run_at is None
+            and delay is None
+            and max_attempts is None
+            and timeout is None
+            and unique_key is None
+            and tenant is None
+            and not depends_on
+            and concurrency_key is None
+            and connection is None
+            and not tracing.enabled()
+        ):
+            return await self._submit_plain(name, payload if payload is not None else {})
         submission = Submission(
             type=name,
             payload=payload if payload is not None else {},
@@ -343,6 +359,16 @@ class Conveyor:
         )
         return (await self.submit_many([submission], connection=connection))[0]
 
+    async def _submit_plain(self, name: str, payload: Mapping[str, JSON]) -> JobHandle:
+        """:meth:`submit` of a job that sets nothing but its type and payload, as
+        :meth:`submit_many` submits it, without a batch's checks that cannot apply to it
+        (a tenant's room, dependency cycles, a large batch's streaming)."""
+        job = _plain_job(
+            self.registry, name, payload, self._wallclock(), tracing.current_traceparent()
+        )
+        store = self._stores.get(asyncio.get_running_loop()) or await self.store()
+        return self.handles([job], await store.submit([job]))[0]
+
     def prepare(
         self, submissions: Sequence[Submission], *, submitted_by: str = "local"
     ) -> list[NewJob]:
@@ -359,7 +385,7 @@ class Conveyor:
     def handles(self, new_jobs: Sequence[NewJob], results: Sequence[Submitted]) -> list[JobHandle]:
         """Turn a store's submit results into handles, refusing an id reused differently."""
         handles = []
-        created: collections.Counter[tuple[str, str]] = collections.Counter()
+        created: dict[tuple[str, str], int] = {}
         try:
             for new, submitted in zip(new_jobs, results, strict=True):
                 job = submitted.job
@@ -371,7 +397,8 @@ class Conveyor:
                     )
                 handles.append(JobHandle(self, job))
                 if submitted.created:
-                    created[job.type, job.queue] += 1
+                    key = (job.type, job.queue)
+                    created[key] = created.get(key, 0) + 1
         finally:
             # Counted once per type and queue, not once per job.
             for (job_type, queue), n in created.items():

@@ -16,7 +16,7 @@ from conveyor.core.jsontext import compact, loads
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob
 from conveyor.store._queries import load_queries
-from conveyor.store._rows import STATUS, Kind, job_picker, job_reader, job_writer
+from conveyor.store._rows import STATUS, SUBMITTED, Kind, job_picker, job_reader, job_writer
 from conveyor.store.protocol import Submitted
 from conveyor.store.scripts import Row, Script, check_dependencies, check_same_tenant
 
@@ -112,14 +112,19 @@ _WRITES = {kind: "{}" for kind in Kind} | {
     Kind.IDS: "json_dumps(list({}))",
 }
 _job_of = job_reader(_READS, {"loads": loads, "json_loads": json.loads}, at=_at)
-_written: Callable[[NewJob], dict[str, Any]] = job_writer(
-    _WRITES, {"compact": compact, "json_dumps": json.dumps}
+# The payload comes last, as its text: the one the submit's check wrote, when it kept it.
+_written: Callable[[NewJob, str], dict[str, Any]] = job_writer(
+    _WRITES,
+    {"compact": compact, "json_dumps": json.dumps},
+    columns=tuple(c for c in SUBMITTED if c.name != "payload"),
+    after=("payload",),
 )
 
 
 def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
     """Return insert_job's parameters for a job submitted at ``now``."""
-    params = _written(job)
+    text = job.payload_text
+    params = _written(job, text if text is not None else compact(job.payload))
     params["status"] = (Status.PENDING if job.depends_on else Status.QUEUED).value
     params["run_at"] = epoch(job.run_at) if job.run_at is not None else now + job.delay
     params["now"] = now
