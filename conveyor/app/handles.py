@@ -34,9 +34,14 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submission:
-    """One job to submit with :meth:`Conveyor.submit_many`."""
+    """One job to submit with :meth:`Conveyor.submit_many`; submitting does not change it.
+
+    Not frozen: a frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field)
+    cost six times as much, and an application building a batch of thousands makes one
+    per job.
+    """
 
     type: str
     payload: Mapping[str, JSON]
@@ -144,7 +149,8 @@ class JobHandle(JobView):
     """A job as last read from the store, with the means to refresh it and wait for it."""
 
     def __init__(self, app: JobSource, record: Job) -> None:
-        super().__init__(record)
+        # JobView's __init__ by hand: one handle is made per job submitted or listed.
+        self.record = record
         self._app = app
 
     async def refresh(self) -> JobHandle:

@@ -28,9 +28,11 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submitted:
-    """A submitted job and whether this call created it (False: it existed already)."""
+    """A submitted job and whether this call created it (False: it existed already); to
+    be treated as read-only (not frozen: one is made per submitted job, and a frozen
+    dataclass's ``__init__`` costs three times as much)."""
 
     job: Job
     created: bool
