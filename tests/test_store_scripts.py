@@ -53,17 +53,6 @@ def test_sqlite_submit_steps_name_only_sqlite_queries() -> None:
     assert names and not names - set(load_queries("conveyor.store.sqlite"))
 
 
-def test_sqlite_one_job_insert_writes_what_insert_job_writes() -> None:
-    """One job without dependencies is written by submit_one: the same columns and
-    values as insert_job, returning only whether it inserted."""
-    queries = load_queries("conveyor.store.sqlite")
-
-    def statement(name: str) -> str:
-        return "INSERT" + queries[name].split("INSERT", 1)[1].split("RETURNING", 1)[0]
-
-    assert statement("submit_one") == statement("insert_job")
-
-
 # -- no transaction held across an event-loop hop ---------------------------------------
 
 

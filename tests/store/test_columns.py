@@ -70,7 +70,7 @@ def test_each_submit_statement_names_the_declared_columns() -> None:
     decided = {"status", "run_at", "created_at"}  # by the store, not from a NewJob
     expected = {c.name for c in SUBMITTED} | decided
     for backend, package, names in [
-        ("sqlite", "conveyor.store.sqlite", ["insert_job", "submit_one", "insert_jobs"]),
+        ("sqlite", "conveyor.store.sqlite", ["insert_job", "insert_jobs"]),
         ("postgres", "conveyor.store.postgres", ["submit", "submit_one"]),
     ]:
         queries = load_queries(package)

@@ -161,14 +161,15 @@ async def test_every_field_is_stored_as_submitted_one_job_or_a_large_batch(
         assert read.run_at == expected_run_at
 
 
-async def test_a_large_batch_whose_payloads_carry_their_text_stores_the_payloads(
-    store: Store,
+@pytest.mark.parametrize("size", [1, 120])
+async def test_payloads_that_carry_their_text_are_stored_as_that_text_says(
+    store: Store, size: int
 ) -> None:
-    """The client's check hands each payload's JSON text along (NewJob.payload_text) in
-    a large batch: a store that writes it (PostgreSQL's COPY) stores the payload it is
-    the text of, awkward text included."""
+    """The client's check hands each payload's JSON text along (NewJob.payload_text): a
+    store that writes it (SQLite's inserts, PostgreSQL's COPY) stores the payload it is
+    the text of, awkward text included, one job or a large batch."""
     at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
-    jobs = [_awkward_job(i, at) for i in range(120)]
+    jobs = [_awkward_job(i, at) for i in range(size)]
     for job in jobs:
         job.payload_text = strict_compact(job.payload)  # type: ignore[attr-defined]
     results = await store.submit(jobs)  # type: ignore[arg-type]

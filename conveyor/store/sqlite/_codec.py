@@ -15,12 +15,9 @@ from typing import Any
 from conveyor.core.jsontext import compact, loads
 from conveyor.core.lifecycle import Status, dependency_event
 from conveyor.core.model import JSON, Job, NewJob
-from conveyor.store._queries import load_queries
 from conveyor.store._rows import STATUS, SUBMITTED, Kind, job_picker, job_reader, job_writer
 from conveyor.store.protocol import Submitted
 from conveyor.store.scripts import Row, Script, check_dependencies, check_same_tenant
-
-SUBMIT_ONE = load_queries("conveyor.store.sqlite")["submit_one"]
 
 
 def ts(value: float | None) -> datetime | None:
@@ -129,19 +126,6 @@ def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
     params["run_at"] = epoch(job.run_at) if job.run_at is not None else now + job.delay
     params["now"] = now
     return params
-
-
-def submit_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:
-    """Insert one job without dependencies, in the caller's transaction; None when its id
-    or an active unique key is taken (nothing is written then)."""
-    if job.depends_on:
-        raise ValueError("submit_one takes a job without dependencies")
-    params = new_job_params(job, now)
-    if not conn.execute(SUBMIT_ONE, params).fetchall():
-        return None
-    run_at = datetime.fromtimestamp(params["run_at"], UTC)
-    created_at = datetime.fromtimestamp(now, UTC)
-    return Submitted(job.stored(Status.QUEUED, run_at, created_at), created=True)
 
 
 def submit_steps(jobs: Sequence[NewJob], now: float | None = None) -> Script[list[Submitted]]:

@@ -34,14 +34,20 @@ from conveyor.store.sqlite._codec import epoch
 # the general steps): the plain ones always, in the order of its row, then run_at and
 # created_at (status is 'queued' in the text); the sparse ones only when any job of the
 # batch sets one.
+# The payload is bound last of the plain ones, as its text: the one the submit's check
+# wrote (NewJob.payload_text), or encoded here.
 _BOUND = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
-_PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse)
+_PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse and c.name != "payload")
 _SPARSE_COLUMNS = tuple(c for c in _BOUND if c.sparse)
-_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "run_at", "created_at")
+_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "payload", "run_at", "created_at")
 _FULL = (*_PLAIN, *(c.name for c in _SPARSE_COLUMNS))
 _WRITES = {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})"}
 _plain_values = job_writer(
-    _WRITES, {"compact": compact}, columns=_PLAIN_COLUMNS, after=("run_at", "now"), form="tuple"
+    _WRITES,
+    {"compact": compact},
+    columns=_PLAIN_COLUMNS,
+    after=("payload", "run_at", "now"),
+    form="tuple",
 )
 _sparse_values = job_writer(_WRITES, {"compact": compact}, columns=_SPARSE_COLUMNS, form="tuple")
 _sets_sparse = sets_sparse(_BOUND)
@@ -60,7 +66,8 @@ def insert_plain(
     values: list[Any] = []
     plain, sparse = _plain_values, _sparse_values
     for job, run_at in zip(jobs, run_ats, strict=True):
-        values += plain(job, run_at, now)
+        text = job.payload_text
+        values += plain(job, compact(job.payload) if text is None else text, run_at, now)
         if full:
             values += sparse(job)
     columns = _FULL if full else _PLAIN
@@ -91,6 +98,26 @@ def insert_plain(
             due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
         results.append(Submitted(job.stored(Status.QUEUED, due, created_at), created=True))
     return results
+
+
+def insert_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:
+    """Insert one job without dependencies submitted at ``now``, in the caller's
+    transaction, as :func:`insert_plain` inserts a batch of one (binding only the columns
+    it sets); None, with nothing written, when its id or an active unique key is taken."""
+    if job.depends_on:
+        raise ValueError("insert_one takes a job without dependencies")
+    run_at = now + job.delay if job.run_at is None else epoch(job.run_at)
+    text = job.payload_text
+    values = _plain_values(job, compact(job.payload) if text is None else text, run_at, now)
+    columns = _PLAIN
+    if _sets_sparse((job,)):
+        values += _sparse_values(job)
+        columns = _FULL
+    if conn.execute(_statement(columns, 1), values).rowcount != 1:
+        return None
+    created_at = datetime.fromtimestamp(now, UTC)
+    due = created_at if run_at == now else datetime.fromtimestamp(run_at, UTC)
+    return Submitted(job.stored(Status.QUEUED, due, created_at), created=True)
 
 
 def _rows(left: int, most: int) -> int:

@@ -42,12 +42,11 @@ from conveyor.store.sqlite._codec import (
     epoch,
     job_of_row,
     jobs_of,
-    submit_one,
     submit_steps,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
-from conveyor.store.sqlite._submit import insert_plain
+from conveyor.store.sqlite._submit import insert_one, insert_plain
 from conveyor.store.sqlite._watcher import Watcher
 from conveyor.store.sqlite._writer import GroupWriter, StoreThread
 
@@ -317,7 +316,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
                 # store knows every value); a taken id or unique key takes the general
                 # steps, which find the job holding it.
                 if len(jobs) == 1:
-                    submitted = submit_one(conn, jobs[0], now)
+                    submitted = insert_one(conn, jobs[0], now)
                     if submitted is not None:
                         return [submitted]
                 else:

@@ -17,23 +17,6 @@ INSERT INTO conveyor_jobs (
 ON CONFLICT DO NOTHING
 RETURNING *;
 
--- name: submit_one
--- insert_job for the common submit (one job, no dependencies), returning only whether it
--- inserted: the store knows every value it wrote.
-INSERT INTO conveyor_jobs (
-    id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
-    lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
-    unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_at
-) VALUES (
-    :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
-    :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
-    :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :retry_count,
-    :submitted_by, :now
-)
-ON CONFLICT DO NOTHING
-RETURNING 1;
-
 -- name: insert_jobs
 -- Insert many new jobs in one statement, in array order; an existing id or an active
 -- unique key makes that row a no-op. :jobs is a JSON array of insert_job's parameters.
