@@ -19,8 +19,9 @@ from conveyor import _moved
 
 if TYPE_CHECKING:
     from conveyor.app.blocking import Blocking
-    from conveyor.app.client import Conveyor, Health
+    from conveyor.app.client import Conveyor
     from conveyor.app.handles import JobDefinition, JobHandle, JobPage, JobView, Submission
+    from conveyor.app.health import Health
     from conveyor.app.locks import NamedLease
     from conveyor.app.ops import Operations
     from conveyor.app.tenants import TenantLimits
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Blocking": "conveyor.app.blocking",
     "Conveyor": "conveyor.app.client",
-    "Health": "conveyor.app.client",
+    "Health": "conveyor.app.health",
     "JobDefinition": "conveyor.app.handles",
     "JobHandle": "conveyor.app.handles",
     "JobPage": "conveyor.app.handles",

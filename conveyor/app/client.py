@@ -25,7 +25,6 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
@@ -46,6 +45,7 @@ from conveyor.app.handles import (
     decode_cursor,
     encode_cursor,
 )
+from conveyor.app.health import Health
 from conveyor.app.locks import NamedLease
 from conveyor.app.ops import Operations
 from conveyor.app.registry import (
@@ -62,7 +62,6 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
-from conveyor.core.health import assess, explain
 from conveyor.core.ids import new_id, qualify
 from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
@@ -77,7 +76,6 @@ from conveyor.observe import tracing
 from conveyor.observe.hooks import AttemptEnded, AttemptStarted, Hooks
 from conveyor.observe.metrics import Metrics
 from conveyor.store import (
-    HealthCounts,
     JobPageQuery,
     LeaseRecord,
     Pooling,
@@ -718,17 +716,7 @@ class Conveyor:
         Each worker is judged by its own lease: live while its newest heartbeat is younger
         than its lease, dead once silent for longer (see :mod:`conveyor.core.health`).
         """
-        counts = await (await self.store()).health()
-        age = None
-        if counts.last_heartbeat is not None:
-            age = max(0.0, (counts.now - counts.last_heartbeat).total_seconds())
-        status = assess(
-            workers=counts.workers,
-            live_workers=counts.live_workers,
-            dead_workers=counts.dead_workers,
-            stale_running=counts.stale_running,
-        )
-        return Health(status=status, counts=counts, heartbeat_age=age)
+        return Health.of(await (await self.store()).health())
 
     async def create_token(
         self, *, tenant: str, role: Role | str, name: str | None = None, expires: Any = None
@@ -757,51 +745,6 @@ class Conveyor:
         await self._tokens.authorize(principal, type, payload)
 
 
-@dataclass(frozen=True, slots=True)
-class Health:
-    """The cluster's health: ``healthy``, ``degraded`` or ``unhealthy``, and its counts."""
-
-    status: str
-    counts: HealthCounts
-    heartbeat_age: float | None  # seconds since the newest worker heartbeat
-
-    @property
-    def no_live_worker(self) -> bool:
-        """True when no worker would run a queued job now."""
-        return not self.counts.live_workers
-
-    @property
-    def hint(self) -> str | None:
-        """Why the verdict is not ``healthy`` and what to do about it (None when it is)."""
-        c = self.counts
-        return explain(
-            workers=c.workers,
-            live_workers=c.live_workers,
-            dead_workers=c.dead_workers,
-            stale_running=c.stale_running,
-            heartbeat_age=self.heartbeat_age,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The verdict and counts, as ``GET /health/ready`` and ``conveyor status --json``
-        give them."""
-        c = self.counts
-        return {
-            "status": self.status,
-            "queued": c.queued,
-            "due": c.due,
-            "running": c.running,
-            "stale_running": c.stale_running,
-            "workers": c.workers,
-            "live_workers": c.live_workers,
-            "dead_workers": c.dead_workers,
-            "last_heartbeat": c.last_heartbeat.isoformat() if c.last_heartbeat else None,
-            "heartbeat_age": self.heartbeat_age,
-            "hint": self.hint,
-            "error": None,
-        }
-
-
 def _rate(value: str | None) -> tuple[int, float] | None:
     if value is None:
         return None
@@ -813,7 +756,6 @@ def _rate(value: str | None) -> tuple[int, float] | None:
 
 __all__ = [
     "Conveyor",
-    "Health",
     "JobDefinition",
     "JobHandle",
     "JobPage",

@@ -31,7 +31,7 @@ from conveyor.errors import ConfigurationError
 # The rest is imported where used: `conveyor --help` and a worker's start-up load only
 # what they need (tests/test_architecture.py checks what --help imports).
 if TYPE_CHECKING:
-    from conveyor.app.client import Health
+    from conveyor.app.health import Health
     from conveyor.cli._console import ShownJob
     from conveyor.core.filter import JobFilter
     from conveyor.core.model import Attempt

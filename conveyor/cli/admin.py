@@ -20,7 +20,7 @@ from conveyor.cli._target import Target, jobs_target
 # The rest is imported where used: `conveyor --help` and a worker's start-up load only
 # what they need (tests/test_architecture.py checks what --help imports).
 if TYPE_CHECKING:
-    from conveyor.app.client import Health
+    from conveyor.app.health import Health
 
 # -- schedules and retention ----------------------------------------------------------
 

@@ -10,7 +10,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.app.client import Conveyor, Health
+from conveyor.app.client import Conveyor
+from conveyor.app.health import Health
 from conveyor.core.lifecycle import Status
 from conveyor.store import QueueInfo, QueueLag
 

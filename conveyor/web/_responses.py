@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from conveyor.app.client import Health
+from conveyor.app.health import Health
 from conveyor.app.tenants import as_its_tenant_sees
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Attempt, Job
