@@ -40,15 +40,16 @@ from conveyor.store.protocol import Submitted
 
 _STATEMENT = b"conveyor_submit_one"
 # The parameters of submit_one, in the order of the prepared statement's $1, $2, ...:
-# the submitted columns but depends_on (a job without dependencies), and the times.
-_COLUMNS = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
-_PARAMETERS = (*(c.name for c in _COLUMNS), "run_at", "delay", "now")
+# the submitted columns but depends_on (a job without dependencies), the payload as its
+# text (the one the submit's check wrote, when it kept it), and the times.
+_COLUMNS = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS and c.name != "payload")
+_PARAMETERS = (*(c.name for c in _COLUMNS), "payload", "run_at", "delay", "now")
 _values = job_writer(
     {kind: "{}" for kind in Kind}
     | {Kind.INT: "int({})", Kind.FLOAT: "float({})", Kind.JSON: "compact({})"},
     {"compact": compact},
     columns=_COLUMNS,
-    after=("run_at", "delay", "now"),
+    after=("payload", "run_at", "delay", "now"),
     form="tuple",
 )
 # After a lane could not be opened, the pool serves for this long before the next try.
@@ -84,7 +85,9 @@ def _text(value: object, encoding: str) -> bytes | None:
 
 
 def _parameters(job: NewJob, now: datetime | None, encoding: str) -> list[bytes | None]:
-    values = _values(job, job.run_at, float(job.delay), now)
+    text = job.payload_text
+    payload = compact(job.payload) if text is None else text
+    values = _values(job, payload, job.run_at, float(job.delay), now)
     return [_text(value, encoding) for value in values]
 
 
