@@ -117,19 +117,36 @@ def new_jobs(
 _Shared = tuple[str, int, datetime | None, float, int, float | None, float | None, float, float]
 
 
+def plain(s: Submission) -> bool:
+    """Whether a submission sets nothing but its type and payload (the common submit)."""
+    return (
+        s.id is None
+        and s.queue is None
+        and s.priority is None
+        and s.run_at is None
+        and s.delay is None
+        and s.max_attempts is None
+        and s.timeout is None
+        and s.unique_key is None
+        and s.tenant is None
+        and not s.depends_on
+        and s.concurrency_key is None
+    )
+
+
 def plain_job(
-    registry: Registry, name: str, payload: object, now: float, traceparent: str | None
+    registry: Registry, s: Submission, now: float, traceparent: str | None, submitted_by: str
 ) -> NewJob:
-    """The job of a submit from code that sets nothing but its type and payload, as
-    :func:`new_job` makes it, with the type's options read once for all its jobs (the
-    common call, made once per job: the batch's machinery would cost more than the job)."""
-    job_type = registry.get(name)
-    checked, text = job_type.validate_text(payload)
+    """The job of a :func:`plain` submission, as :func:`new_job` makes it, with the type's
+    options read once for all its jobs (the common submit, made once per job: a batch's
+    machinery would cost more than the job)."""
+    job_type = registry.get(s.type)
+    checked, text = job_type.validate_text(s.payload)
     shared = _plain.get(job_type)
     if shared is None:
         shared = _plain[job_type] = _shared(job_type.options, _NO_OPTIONS)
-    job = NewJob(new_id(now), name, checked, *shared, None, None, None, (), None, None,
-                 None, None, traceparent, 0, "local")  # fmt: skip
+    job = NewJob(new_id(now), s.type, checked, *shared, None, None, None, (), None, None,
+                 None, None, traceparent, 0, submitted_by)  # fmt: skip
     job.payload_text = text
     return job
 

@@ -32,6 +32,7 @@ from conveyor.app._gcpause import collector_paused
 from conveyor.app._stream import streamable, submit_streamed
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
+from conveyor.app._submit import plain as _plain
 from conveyor.app._submit import plain_job as _plain_job
 from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
@@ -324,22 +325,6 @@ class Conveyor:
         application's own transaction instead: it exists only if that transaction commits.
         """
         name = type.name if isinstance(type, JobDefinition) else type
-        if (
-            id is None
-            and queue is None
-            and priority is None
-            and run_at is None
-            and delay is None
-            and max_attempts is None
-            and timeout is None
-            and unique_key is None
-            and tenant is None
-            and not depends_on
-            and concurrency_key is None
-            and connection is None
-            and not tracing.enabled()
-        ):
-            return await self._submit_plain(name, payload if payload is not None else {})
         submission = Submission(
             type=name,
             payload=payload if payload is not None else {},
@@ -357,16 +342,6 @@ class Conveyor:
         )
         return (await self.submit_many([submission], connection=connection))[0]
 
-    async def _submit_plain(self, name: str, payload: Mapping[str, JSON]) -> JobHandle:
-        """:meth:`submit` of a job that sets nothing but its type and payload, as
-        :meth:`submit_many` submits it, without a batch's checks that cannot apply to it
-        (a tenant's room, dependency cycles, a large batch's streaming)."""
-        job = _plain_job(
-            self.registry, name, payload, self._wallclock(), tracing.current_traceparent()
-        )
-        store = self._stores.get(asyncio.get_running_loop()) or await self.store()
-        return self.handles([job], await store.submit([job]))[0]
-
     def prepare(
         self, submissions: Sequence[Submission], *, submitted_by: str = "local"
     ) -> list[NewJob]:
@@ -376,6 +351,9 @@ class Conveyor:
         # attempt's (its children's runs then appear under it).
         traceparent = tracing.current_traceparent()
         now = self._wallclock()
+        if len(submissions) == 1 and _plain(submissions[0]):  # the common submit
+            s = submissions[0]
+            return [_plain_job(self.registry, s, now, traceparent, submitted_by)]
         new_jobs = _new_jobs(self.registry, submissions, now, traceparent, submitted_by)
         check_acyclic(new_jobs)
         return new_jobs
@@ -411,6 +389,16 @@ class Conveyor:
         ``connection``: as for :meth:`submit`, the application's own transaction. A large
         batch holds the cyclic garbage collector off while it runs (app/_gcpause.py).
         """
+        if (
+            len(submissions) == 1
+            and connection is None
+            and _plain(submissions[0])
+            and not tracing.enabled()
+        ):
+            # One job that sets nothing but its type and payload (the common submit): no
+            # check of a batch, a tenant or a span applies to it.
+            new_jobs = self.prepare(submissions)
+            return self.handles(new_jobs, await (await self.store()).submit(new_jobs))
         with collector_paused(len(submissions)), tracing.submit_span(submissions):
             store = self._stores.get(asyncio.get_running_loop())  # open already?
             if store is not None and streamable(submissions, connection):
