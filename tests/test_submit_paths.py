@@ -3,6 +3,7 @@ a type at a time in a large batch, the C JSON encoder, the quick plain-payload t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import json
@@ -18,7 +19,7 @@ from conveyor import Conveyor, JobContext, Submission
 from conveyor.app.registry import json_text_problem
 from conveyor.core.jsontext import compact, loads, plain_text, strict_compact, strict_compact_each
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import NewJob
+from conveyor.core.model import Job, NewJob
 from conveyor.errors import ConfigurationError, InvalidPayload
 
 VALUES = [
@@ -261,9 +262,10 @@ async def test_submit_many_pauses_the_collector_only_while_it_runs(app: Conveyor
 
 
 async def test_a_plain_submit_stores_what_the_long_way_stores(tmp_path: Path) -> None:
-    """``submit`` with nothing but a type and payload takes a shortcut (the type's options
-    read once): the job it stores is the one ``submit_many`` stores, field for field, and
-    each type's jobs get that type's options."""
+    """A submission with nothing but a type and payload takes a shortcut (the type's
+    options read once): the job it stores is the one the general way stores (taken here
+    by naming the type's own queue), field for field, whether submitted alone or as a
+    batch's, with a blocking call too; each type's jobs get that type's options."""
     app = Conveyor(f"sqlite:///{tmp_path / 'p.db'}")
 
     @app.job(name="opts", queue="q1", priority=3, max_attempts=5, timeout=7, lease=11)
@@ -273,22 +275,25 @@ async def test_a_plain_submit_stores_what_the_long_way_stores(tmp_path: Path) ->
     async def typed(ctx: JobContext, n: int) -> None: ...
 
     try:
-        short = await app.submit("opts", {"n": 1, "s": "é\x01"})
-        (long,) = await app.submit_many([Submission("opts", {"n": 1, "s": "é\x01"})])
+        payload = {"n": 1, "s": "é\x01"}
+        long = await app.submit("opts", payload, queue="q1")  # an option: the general way
+        shorts = [
+            await app.submit("opts", payload),
+            (await app.submit_many([Submission("opts", payload)] * 2))[1],
+            await asyncio.to_thread(app.sync.submit, "opts", payload),
+        ]
         ignored = {"id", "run_at", "created_at"}
-        for record in (short.record, long.record):
-            stored = (await app.get(record.id)).record
-            assert stored == record
-        assert {
-            f.name: getattr(short.record, f.name)
-            for f in dataclasses.fields(short.record)
-            if f.name not in ignored
-        } == {
-            f.name: getattr(long.record, f.name)
-            for f in dataclasses.fields(long.record)
-            if f.name not in ignored
-        }
-        first = short.record
+
+        def fields(job: Job) -> dict[str, object]:
+            return {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+
+        for short in shorts:
+            assert short.record == (await app.get(short.id)).record
+            short_fields, long_fields = fields(short.record), fields(long.record)
+            for name in ignored:
+                del short_fields[name], long_fields[name]
+            assert short_fields == long_fields
+        first = shorts[0].record
         assert (first.queue, first.priority, first.max_attempts) == ("q1", 3, 5)
         with pytest.raises(InvalidPayload):
             await app.submit("opts", {"n": 1, "s": "nul\x00"})
