@@ -20,7 +20,7 @@ from conveyor.observe import tracing
 from conveyor.store import WorkerStore
 from conveyor.worker._base import WorkerBase, log
 from conveyor.worker._isolation import ChildFailed, run_in_child
-from conveyor.worker._leases import Interrupt, Run, lease_current
+from conveyor.worker._leases import Interrupt, Run, lease_current, lease_fresh
 from conveyor.worker._port import Port
 from conveyor.worker._threads import in_thread
 from conveyor.worker.context import Cancel, JobContext, Retry
@@ -59,7 +59,8 @@ class Executor(WorkerBase):
         """Run one attempt to its end; return its settlement (None: abandoned or lost)."""
         settlement: Settlement | None
         try:
-            if not await lease_current(run):
+            # Nearly every run starts on a fresh lease: no coroutine to wait for it then.
+            if not lease_fresh(run, time.monotonic()) and not await lease_current(run):
                 if not run.done:
                     # No renewal came before the lease may have run out: the handler never
                     # starts, and the job goes back, fenced by its token like any settle

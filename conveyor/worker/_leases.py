@@ -82,9 +82,12 @@ class Leases:
 
     def hold_claimed(self, jobs: Sequence[Job], sent: float) -> None:
         """Hold the leases of jobs just claimed, until the loop starts them (any thread)."""
-        for job in jobs:
-            run = Run(job=job, lease=job.lease or self.lease, renewed_at=sent)
-            self._claimed.append((run, self.hold(run)))
+        runs = [Run(job=job, lease=job.lease or self.lease, renewed_at=sent) for job in jobs]
+        with self._lock:  # once for the claim, not once a job
+            held = self._runs
+            for run in runs:
+                self._claimed.append((run, held.get(run.job.id)))
+                held[run.job.id] = run
 
     def take_claimed(self) -> list[tuple[Run, Run | None]]:
         """The runs held since last called, each with the older run of its job, if any."""
@@ -144,6 +147,12 @@ class Leases:
                 run = self._runs.get(key.job_id)
                 if run is not None and run.key == key:
                     self._progress.setdefault(key, value)
+
+
+def lease_fresh(run: Run, now: float) -> bool:
+    """Whether ``run``'s lease is known current without waiting: claimed or renewed less
+    than lease/3 ago (it cannot have expired then), and not lost."""
+    return run.interrupt is not Interrupt.LOST and now - run.renewed_at < run.lease / 3
 
 
 async def lease_current(run: Run) -> bool:
