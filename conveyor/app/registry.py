@@ -260,7 +260,7 @@ class JobType:
             # The model's validator itself, as model_validate calls it (with its defaults):
             # a no-op job's arguments cost 6 us through model_validate and getattr per
             # field, 2 this way, and a worker builds them for every job it runs.
-            model = self.model.__pydantic_validator__.validate_python(payload)
+            model = self.model.__pydantic_validator__.validate_python(dict(payload))
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
         # A model instance keeps its fields' values in its __dict__ (pydantic's storage),
