@@ -59,8 +59,9 @@ def payloads_by_type(
     return payloads, texts
 
 
-# A submission's options as stored: queue, max_attempts, priority, timeout, delay, run_at.
-_Settled = tuple[str, int, int, float | None, float, datetime | None]
+# NewJob's fields from queue to backoff_cap, as it takes them by position: queue,
+# priority, run_at, delay, max_attempts, timeout, lease, backoff_base, backoff_cap.
+_Fields = tuple[str, int, datetime | None, float, int, float | None, float | None, float, float]
 
 
 def new_jobs(
@@ -76,62 +77,30 @@ def new_jobs(
     payloads, texts = payloads_by_type(registry, submissions)
     fresh = sum(1 for s in submissions if s.id is None)
     ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
-    # A type's options for its jobs that set none of their own, read once: the job's
-    # fields from queue to backoff_cap, as NewJob takes them by position.
-    type_options: dict[str, _Shared] = {}
+    defaults: dict[str, _Fields] = {}  # by type name, for this batch (see _defaults)
     jobs = []
     for s, payload, text in zip(submissions, payloads, texts, strict=True):
-        if (
-            s.queue is None
-            and s.max_attempts is None
-            and s.priority is None
-            and s.timeout is None
-            and s.delay is None
-            and s.run_at is None
-        ):
-            shared = type_options.get(s.type)
-            if shared is None:
-                shared = type_options[s.type] = _shared(registry.get(s.type).options, s)
-            if payload is not None and s.id is None and s.tenant is None and not s.depends_on:
-                # The plain job of a large batch, its payload checked already: what
-                # new_job would make of it, built here (by position: a call by keyword
-                # and new_job's own checks cost more than the rest of the job's making).
-                job = NewJob(next(ids), s.type, payload, *shared, None, s.unique_key,
-                             s.concurrency_key, (), None, None, None, None, traceparent, 0,
-                             submitted_by)  # fmt: skip
-            else:
-                settled = (shared[0], shared[4], shared[1], shared[5], shared[3], shared[2])
-                job_id = next(ids) if s.id is None else None
-                job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, settled)
+        fields = None
+        if _no_options(s):
+            fields = defaults.get(s.type)
+            if fields is None:
+                fields = defaults[s.type] = _defaults(registry.get(s.type))
+        if fields is not None and payload is not None and _own_name(s):
+            # Its payload checked already, its options its type's: what new_job would
+            # make of it, without new_job's checks, which cannot fail for it.
+            job = _built(next(ids), s, payload, fields, traceparent, submitted_by)
         else:
             job_id = next(ids) if s.id is None else None
-            job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id)
+            job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, fields)
         if text is not None:  # the text of job.payload itself, as the batch's check wrote it
             job.payload_text = text
         jobs.append(job)
     return jobs
 
 
-# NewJob's fields from queue to backoff_cap: queue, priority, run_at, delay, max_attempts,
-# timeout, lease, backoff_base, backoff_cap.
-_Shared = tuple[str, int, datetime | None, float, int, float | None, float | None, float, float]
-
-
 def plain(s: Submission) -> bool:
     """Whether a submission sets nothing but its type and payload (the common submit)."""
-    return (
-        s.id is None
-        and s.queue is None
-        and s.priority is None
-        and s.run_at is None
-        and s.delay is None
-        and s.max_attempts is None
-        and s.timeout is None
-        and s.unique_key is None
-        and s.tenant is None
-        and not s.depends_on
-        and s.concurrency_key is None
-    )
+    return _no_options(s) and _own_name(s) and s.unique_key is None and s.concurrency_key is None
 
 
 def plain_job(
@@ -142,27 +111,55 @@ def plain_job(
     machinery would cost more than the job)."""
     job_type = registry.get(s.type)
     checked, text = job_type.validate_text(s.payload)
-    shared = _plain.get(job_type)
-    if shared is None:
-        shared = _plain[job_type] = _shared(job_type.options, _NO_OPTIONS)
-    job = NewJob(new_id(now), s.type, checked, *shared, None, None, None, (), None, None,
-                 None, None, traceparent, 0, submitted_by)  # fmt: skip
+    job = _built(new_id(now), s, checked, _defaults(job_type), traceparent, submitted_by)
     job.payload_text = text
     return job
 
 
-# The fields the jobs of a registered type (whose options never change) share when they
-# set no options of their own.
-_plain: weakref.WeakKeyDictionary[JobType, _Shared] = weakref.WeakKeyDictionary()
+def _no_options(s: Submission) -> bool:
+    """Whether a submission leaves every option to its type."""
+    return (
+        s.queue is None
+        and s.max_attempts is None
+        and s.priority is None
+        and s.timeout is None
+        and s.delay is None
+        and s.run_at is None
+    )
+
+
+def _own_name(s: Submission) -> bool:
+    """Whether a submission's job is stored under a new id with nothing to qualify: no
+    client id, no tenant, no jobs it waits for."""
+    return s.id is None and s.tenant is None and not s.depends_on
+
+
+def _built(
+    job_id: str,
+    s: Submission,
+    payload: dict[str, JSON],
+    fields: _Fields,
+    traceparent: str | None,
+    submitted_by: str,
+) -> NewJob:
+    """The job of a submission that :func:`_own_name` holds for, its payload checked and
+    its options settled (by position: by keyword, the call costs more than the rest of
+    the job's making)."""
+    return NewJob(job_id, s.type, payload, *fields, None, s.unique_key, s.concurrency_key,
+                  (), None, None, None, None, traceparent, 0, submitted_by)  # fmt: skip
+
+
+def _defaults(job_type: JobType) -> _Fields:
+    """The fields of a type's jobs that set no options of their own, read once per
+    registered type (whose options never change)."""
+    fields = _type_defaults.get(job_type)
+    if fields is None:
+        fields = _type_defaults[job_type] = _settle(job_type.options, _NO_OPTIONS)
+    return fields
+
+
+_type_defaults: weakref.WeakKeyDictionary[JobType, _Fields] = weakref.WeakKeyDictionary()
 _NO_OPTIONS = Submission(type="", payload={})
-
-
-def _shared(options: JobOptions, s: Submission) -> _Shared:
-    """The fields a type's jobs that set no options of their own share, checked."""
-    queue, max_attempts, priority, timeout, delay, run_at = _settle(options, s)
-    backoff = options.backoff
-    return (queue, priority, run_at, delay, max_attempts, timeout, options.lease,
-            backoff.base, backoff.cap)  # fmt: skip
 
 
 def new_job(
@@ -173,13 +170,12 @@ def new_job(
     submitted_by: str,
     payload: dict[str, JSON] | None = None,
     job_id: str | None = None,
-    settled: _Settled | None = None,
+    fields: _Fields | None = None,
 ) -> NewJob:
     """The job ``s`` describes, checked against its type and with the type's defaults
     (``payload``: its payload, validated already; ``job_id``: the new id for a submission
-    without one; ``settled``: its options, checked already)."""
+    without one; ``fields``: its options, settled already)."""
     job_type = registry.get(s.type)
-    options = job_type.options
     text = None
     if payload is None:
         payload, text = job_type.validate_text(s.payload)
@@ -188,7 +184,9 @@ def new_job(
             check_job_id(local(s.tenant, s.id))
         except ValueError as exc:
             raise InvalidPayload(s.type, str(exc)) from None
-    queue, max_attempts, priority, timeout, delay, run_at = settled or _settle(options, s)
+    queue, priority, run_at, delay, max_attempts, timeout, lease, base, cap = fields or _settle(
+        job_type.options, s
+    )
     depends_on: tuple[str, ...] = ()
     if s.tenant is None and s.depends_on == ():
         # Nothing to qualify: a new id or a checked client id holds no '/'.
@@ -205,9 +203,9 @@ def new_job(
         delay=delay,
         max_attempts=max_attempts,
         timeout=timeout,
-        lease=options.lease,
-        backoff_base=options.backoff.base,
-        backoff_cap=options.backoff.cap,
+        lease=lease,
+        backoff_base=base,
+        backoff_cap=cap,
         tenant=s.tenant,
         unique_key=s.unique_key,
         concurrency_key=s.concurrency_key,
@@ -219,7 +217,7 @@ def new_job(
     return job
 
 
-def _settle(options: JobOptions, s: Submission) -> _Settled:
+def _settle(options: JobOptions, s: Submission) -> _Fields:
     """A submission's options, checked, with its type's where it sets none."""
     queue = s.queue if s.queue is not None else options.queue
     check_queue(queue)
@@ -231,14 +229,17 @@ def _settle(options: JobOptions, s: Submission) -> _Settled:
         raise ConfigurationError(f"priority must be an integer, not {priority!r}")
     timeout = optional_seconds(s.timeout, "timeout")
     delay = optional_seconds(s.delay, "delay") or 0.0
-    run_at = _run_at(s.run_at)
+    backoff = options.backoff
     return (
         queue,
-        max_attempts,
         priority,
-        timeout if timeout is not None else options.timeout,
+        _run_at(s.run_at),
         delay,
-        run_at,
+        max_attempts,
+        timeout if timeout is not None else options.timeout,
+        options.lease,
+        backoff.base,
+        backoff.cap,
     )
 
 

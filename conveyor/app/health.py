@@ -41,6 +41,10 @@ class Health:
     @property
     def hint(self) -> str | None:
         """Why the verdict is not ``healthy`` and what to do about it (None when it is)."""
+        return self.explain()
+
+    def explain(self, app: str | None = None) -> str | None:
+        """:attr:`hint`, naming ``app`` (an ``APP`` spec) in a command it says to run."""
         c = self.counts
         return explain(
             workers=c.workers,
@@ -48,6 +52,7 @@ class Health:
             dead_workers=c.dead_workers,
             stale_running=c.stale_running,
             heartbeat_age=self.heartbeat_age,
+            app=app,
         )
 
     def to_dict(self) -> dict[str, Any]:

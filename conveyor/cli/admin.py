@@ -216,7 +216,7 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
 
     health, queues, workers, types = run_command(go())
     now = health.counts.now
-    hint = _health_hint(health, app_spec)
+    hint = health.explain(app_spec)
     unserved = unserved_queues(
         {q.name: q.counts.get("queued", 0) for q in queues},
         [w.queues for w in workers if w.state(now) == "live"],
@@ -252,18 +252,3 @@ def status(app_spec: str | None, database_url: str | None, as_json: bool) -> Non
         console.print(f"[yellow]note:[/] {type_not_served(t.type, t.queued)}", highlight=False)
     console.print(queues_table(queues))
     console.print(workers_table(workers, now))
-
-
-def _health_hint(health: Health, app_spec: str | None) -> str | None:
-    """Why the verdict is not healthy and what to do, naming APP in the command to run."""
-    from conveyor.core.health import explain
-
-    c = health.counts
-    return explain(
-        workers=c.workers,
-        live_workers=c.live_workers,
-        dead_workers=c.dead_workers,
-        stale_running=c.stale_running,
-        heartbeat_age=health.heartbeat_age,
-        app=app_spec,
-    )

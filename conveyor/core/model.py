@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Event, Status, transition
 from conveyor.core.retry import backoff_delay, should_retry
 
@@ -85,6 +86,12 @@ class NewJob:
     def stored(self, status: Status, run_at: datetime, created_at: datetime) -> Job:
         """The job as a store has just inserted it, with the times the store decided."""
         return _stored(self, status, run_at, created_at)
+
+    def payload_json(self) -> str:
+        """The payload as compact JSON text, as a store writes it: the check's text when
+        it kept it (:attr:`payload_text`), else encoded now."""
+        text = self.payload_text
+        return compact(self.payload) if text is None else text
 
 
 @dataclass(slots=True, eq=True)

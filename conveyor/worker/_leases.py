@@ -76,18 +76,20 @@ class Leases:
     def hold(self, run: Run) -> Run | None:
         """Hold ``run``'s lease; return the run of the same job held until now, if any."""
         with self._lock:
-            previous = self._runs.get(run.job.id)
-            self._runs[run.job.id] = run
-            return previous
+            return self._swap(run)
 
     def hold_claimed(self, jobs: Sequence[Job], sent: float) -> None:
         """Hold the leases of jobs just claimed, until the loop starts them (any thread)."""
         runs = [Run(job=job, lease=job.lease or self.lease, renewed_at=sent) for job in jobs]
         with self._lock:  # once for the claim, not once a job
-            held = self._runs
-            for run in runs:
-                self._claimed.append((run, held.get(run.job.id)))
-                held[run.job.id] = run
+            self._claimed.extend((run, self._swap(run)) for run in runs)
+
+    def _swap(self, run: Run) -> Run | None:
+        """Hold ``run`` in place of its job's run held until now (returned); the lock
+        held."""
+        previous = self._runs.get(run.job.id)
+        self._runs[run.job.id] = run
+        return previous
 
     def take_claimed(self) -> list[tuple[Run, Run | None]]:
         """The runs held since last called, each with the older run of its job, if any."""
@@ -164,10 +166,10 @@ async def lease_current(run: Run) -> bool:
     """
     while True:
         now = time.monotonic()
+        if lease_fresh(run, now):
+            return True
         if run.interrupt is Interrupt.LOST or may_have_expired(run, now):
             return False
-        if now - run.renewed_at < run.lease / 3:
-            return True
         await asyncio.sleep(0.01)
 
 

@@ -85,9 +85,7 @@ def _text(value: object, encoding: str) -> bytes | None:
 
 
 def _parameters(job: NewJob, now: datetime | None, encoding: str) -> list[bytes | None]:
-    text = job.payload_text
-    payload = compact(job.payload) if text is None else text
-    values = _values(job, payload, job.run_at, float(job.delay), now)
+    values = _values(job, job.payload_json(), job.run_at, float(job.delay), now)
     return [_text(value, encoding) for value in values]
 
 

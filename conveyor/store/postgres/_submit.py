@@ -247,10 +247,7 @@ def _copy_chunks(
                     rest = shared.get(key)
                     if rest is None:
                         rest = shared[key] = shared_text(j, "queued", created_text)
-                    payload = j.payload_text
-                    if payload is None:
-                        payload = compact(j.payload)
-                    lines.append(own_text(j, text(payload), run_at_text, rest))
+                    lines.append(own_text(j, text(j.payload_json()), run_at_text, rest))
                     results.append(Submitted(j.stored(queued, run_at, created), created=True))
                 if lines:
                     copy.write("".join(lines))

@@ -120,8 +120,7 @@ _written: Callable[[NewJob, str], dict[str, Any]] = job_writer(
 
 def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
     """Return insert_job's parameters for a job submitted at ``now``."""
-    text = job.payload_text
-    params = _written(job, text if text is not None else compact(job.payload))
+    params = _written(job, job.payload_json())
     params["status"] = (Status.PENDING if job.depends_on else Status.QUEUED).value
     params["run_at"] = epoch(job.run_at) if job.run_at is not None else now + job.delay
     params["now"] = now

@@ -34,8 +34,7 @@ from conveyor.store.sqlite._codec import epoch
 # the general steps): the plain ones always, in the order of its row, then run_at and
 # created_at (status is 'queued' in the text); the sparse ones only when any job of the
 # batch sets one.
-# The payload is bound last of the plain ones, as its text: the one the submit's check
-# wrote (NewJob.payload_text), or encoded here.
+# The payload is bound last of the plain ones, as its text (NewJob.payload_json).
 _BOUND = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
 _PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse and c.name != "payload")
 _SPARSE_COLUMNS = tuple(c for c in _BOUND if c.sparse)
@@ -61,15 +60,11 @@ def insert_plain(
     transaction; None, with nothing written, unless every one of them was created."""
     if any(job.depends_on for job in jobs):
         raise ValueError("insert_plain takes jobs without dependencies")
-    run_ats = [now + job.delay if job.run_at is None else epoch(job.run_at) for job in jobs]
+    run_ats = [_run_at(job, now) for job in jobs]
     full = _sets_sparse(jobs)
     values: list[Any] = []
-    plain, sparse = _plain_values, _sparse_values
     for job, run_at in zip(jobs, run_ats, strict=True):
-        text = job.payload_text
-        values += plain(job, compact(job.payload) if text is None else text, run_at, now)
-        if full:
-            values += sparse(job)
+        values += _row(job, run_at, now, full)
     columns = _FULL if full else _PLAIN
     width = len(columns)
     most = min(_MOST_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
@@ -106,18 +101,26 @@ def insert_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted |
     it sets); None, with nothing written, when its id or an active unique key is taken."""
     if job.depends_on:
         raise ValueError("insert_one takes a job without dependencies")
-    run_at = now + job.delay if job.run_at is None else epoch(job.run_at)
-    text = job.payload_text
-    values = _plain_values(job, compact(job.payload) if text is None else text, run_at, now)
-    columns = _PLAIN
-    if _sets_sparse((job,)):
-        values += _sparse_values(job)
-        columns = _FULL
-    if conn.execute(_statement(columns, 1), values).rowcount != 1:
+    run_at = _run_at(job, now)
+    full = _sets_sparse((job,))
+    statement = _statement(_FULL if full else _PLAIN, 1)
+    if conn.execute(statement, _row(job, run_at, now, full)).rowcount != 1:
         return None
     created_at = datetime.fromtimestamp(now, UTC)
     due = created_at if run_at == now else datetime.fromtimestamp(run_at, UTC)
     return Submitted(job.stored(Status.QUEUED, due, created_at), created=True)
+
+
+def _run_at(job: NewJob, now: float) -> float:
+    """When a job submitted at ``now`` is due (epoch seconds)."""
+    return now + job.delay if job.run_at is None else epoch(job.run_at)
+
+
+def _row(job: NewJob, run_at: float, now: float, full: bool) -> tuple[Any, ...]:
+    """A job's bound values: the plain columns (its payload as its JSON text), and the
+    sparse ones too when the statement names them (``full``)."""
+    values: tuple[Any, ...] = _plain_values(job, job.payload_json(), run_at, now)
+    return values + _sparse_values(job) if full else values
 
 
 def _rows(left: int, most: int) -> int:
