@@ -40,7 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="view requests a round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of requests")
-    parser.add_argument("--tasks", type=int, default=10_000, help="tasks to drain")
+    parser.add_argument(
+        "--tasks", type=int, default=10_000, help="tasks to drain (0: measure only the view)"
+    )
     args = parser.parse_args()
 
     import psycopg
@@ -80,6 +82,8 @@ def report(name: str, args: argparse.Namespace) -> None:
     for label, rounds in views.items():
         shown = ", ".join(f"{r:.0f}" for r in rounds)
         print(f"| {label} | {shown} | {statistics.median(rounds):.0f} |")
+    if not args.tasks:
+        return
     print(
         f"\n| drain of {args.tasks:,} no-op tasks, one worker process | enqueue loop "
         "(µs a task) | first start → last end | tasks/s | worker process wall time |"

@@ -10,11 +10,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ from conveyor import (
     Status,
     Submission,
 )
+from conveyor.app import blocking
 from conveyor.core.model import Settlement
 from conveyor.store import Lease, create_store
 from conveyor.store.postgres import PostgresStore
@@ -155,6 +158,66 @@ def test_a_sync_psycopg_connection_takes_part_in_its_transaction(url: str) -> No
         with pytest.raises(JobNotFound):
             app.sync.get(dropped.id)
         assert app.sync.get(kept.id).status is Status.QUEUED
+    finally:
+        app.sync.close()
+
+
+def test_blocking_submits_on_a_checked_connection_skip_the_portal(url: str, other_url: str) -> None:
+    """Issue 31 (a Django view's enqueue): once a blocking connection was found on the
+    store's database (the first submit on it, through the portal), ``app.sync``'s submits
+    in its transaction are written on the caller's thread, even while the portal's loop
+    is blocked; they still take part in that transaction. A connection never checked
+    still goes through the portal and its check."""
+    app = Conveyor(url)
+
+    @app.job()
+    def mail(ctx: JobContext, to: str) -> None: ...
+
+    def while_the_portal_is_blocked(submit: Callable[[], Any]) -> Any:
+        portal = blocking.portal_loop()
+        assert portal is not None
+        blocked, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            blocked.set()
+            release.wait(60)
+
+        portal.call_soon_threadsafe(hold)
+        blocked.wait(30)
+        done: list[Any] = []
+        submitter = threading.Thread(target=lambda: done.append(submit()))
+        submitter.start()
+        try:
+            submitter.join(30)  # returns at once unless the submit waits for the portal
+            assert done, "the submit waited for the blocked portal"
+        finally:
+            release.set()
+            submitter.join(30)
+        return done[0]
+
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT 1")  # the transaction is open, as in a web request
+            checked = app.sync.submit("mail", {"to": "a"}, connection=conn)  # the check
+            dropped = while_the_portal_is_blocked(
+                lambda: app.sync.submit("mail", {"to": "b"}, connection=conn)
+            )
+            conn.rollback()
+            kept = while_the_portal_is_blocked(
+                lambda: app.sync.submit_many(
+                    [Submission("mail", {"to": to}) for to in "cd"], connection=conn
+                )
+            )
+            conn.commit()
+        for gone in (checked, dropped):
+            with pytest.raises(JobNotFound):
+                app.sync.get(gone.id)
+        assert {app.sync.get(h.id).status for h in kept} == {Status.QUEUED}
+        with (
+            psycopg.connect(other_url) as elsewhere,
+            pytest.raises(ConfigurationError, match="connection= is to database"),
+        ):
+            app.sync.submit("mail", {"to": "lost"}, connection=elsewhere)
     finally:
         app.sync.close()
 

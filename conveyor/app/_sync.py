@@ -3,10 +3,13 @@ with a submit that skips the trips between threads where the store allows it.
 
 A blocking call runs its coroutine on the portal's event loop and waits for it: a trip
 there and one back, and on SQLite the store's own thread's on top. A submit of a few jobs
-on SQLite instead is checked and written right on the caller's thread (the store's
-``submit_now``), when the portal's store is open, its thread idle and no other connection
-writes; otherwise, and for what it does not cover (another database, a tenant's jobs, whose
-limit is counted in the store, or ``connection=``), it is the usual blocking call.
+instead is checked and written right on the caller's thread (the store's ``submit_now``)
+where the store can do that at once: on SQLite, when the portal's store is open, its
+thread idle and no other connection writes; on PostgreSQL, in the transaction of the
+application's own blocking connection (``connection=``, a Django view's), once that
+connection is known to be on the store's database. Otherwise, and for what it does not
+cover (a tenant's jobs, whose limit is counted in the store), it is the usual blocking
+call.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.app import blocking
 from conveyor.app.handles import JobDefinition, JobHandle, Submission
-from conveyor.core.model import JSON, NewJob
+from conveyor.core.model import JSON
 from conveyor.observe import tracing
 from conveyor.store.protocol import Submitted
 
@@ -41,20 +44,19 @@ class SyncConveyor(blocking.Blocking):
         **options: Any,
     ) -> JobHandle:
         """Blocking :meth:`Conveyor.submit`."""
-        if options.get("connection") is None:
-            name = type.name if isinstance(type, JobDefinition) else type
-            given = {k: v for k, v in options.items() if k != "connection"}
-            given["depends_on"] = tuple(given.get("depends_on", ()))
-            try:
-                submission = Submission(
-                    type=name, payload=payload if payload is not None else {}, **given
-                )
-            except TypeError:  # an option submit() does not take: it says so itself
-                pass
-            else:
-                handles = self._at_once([submission])
-                if handles is not None:
-                    return handles[0]
+        name = type.name if isinstance(type, JobDefinition) else type
+        given = {k: v for k, v in options.items() if k != "connection"}
+        given["depends_on"] = tuple(given.get("depends_on", ()))
+        try:
+            submission = Submission(
+                type=name, payload=payload if payload is not None else {}, **given
+            )
+        except TypeError:  # an option submit() does not take: it says so itself
+            pass
+        else:
+            handles = self._at_once([submission], options.get("connection"))
+            if handles is not None:
+                return handles[0]
         handle: JobHandle = blocking.run(self._app.submit(type, payload, **options))
         return handle
 
@@ -62,22 +64,24 @@ class SyncConveyor(blocking.Blocking):
         self, submissions: Sequence[Submission], *, connection: Any = None
     ) -> list[JobHandle]:
         """Blocking :meth:`Conveyor.submit_many`."""
-        if connection is None:
-            handles = self._at_once(submissions)
-            if handles is not None:
-                return handles
+        handles = self._at_once(submissions, connection)
+        if handles is not None:
+            return handles
         done: list[JobHandle] = blocking.run(
             self._app.submit_many(submissions, connection=connection)
         )
         return done
 
-    def _at_once(self, submissions: Sequence[Submission]) -> list[JobHandle] | None:
-        """The submit on this thread, or None (nothing written): ask the portal."""
+    def _at_once(
+        self, submissions: Sequence[Submission], connection: Any = None
+    ) -> list[JobHandle] | None:
+        """The submit on this thread (in ``connection``'s transaction if given), or None
+        (nothing written): ask the portal."""
         if not 0 < len(submissions) <= _AT_ONCE or any(s.tenant for s in submissions):
             return None
         portal = blocking.portal_loop()
         store = self._app._stores.get(portal) if portal is not None else None
-        submit_now: Callable[[Sequence[NewJob]], list[Submitted] | None] | None = getattr(
+        submit_now: Callable[..., list[Submitted] | None] | None = getattr(
             store, "submit_now", None
         )
         if submit_now is None:
@@ -85,7 +89,7 @@ class SyncConveyor(blocking.Blocking):
         app = self._app
         with tracing.submit_span(submissions):
             new_jobs = app.prepare(submissions)
-            results = submit_now(new_jobs)
+            results = submit_now(new_jobs, connection=connection)
         if results is None:
             return None
         return app.handles(new_jobs, results)

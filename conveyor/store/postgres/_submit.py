@@ -355,6 +355,17 @@ class ApplicationSubmits:
             "its driver_connection, with Django django.db.connection.connection"
         )
 
+    def submit_now(
+        self, connection: object, jobs: Sequence[NewJob], now: datetime | None
+    ) -> list[Submitted] | None:
+        """:meth:`submit` on the calling thread, the blocking ``connection``'s owner (a
+        Django view's), with no trip to an event loop and a thread and back; None, with
+        nothing done, unless ``connection`` is a blocking one that an earlier submit found
+        on the store's database (only :meth:`submit` can check that)."""
+        if not isinstance(connection, psycopg.Connection) or connection not in self._checked:
+            return None
+        return run_on_application_sync(connection, submit_steps(jobs, now), now)
+
 
 async def run_on_application(
     conn: psycopg.AsyncConnection[Any], script: Script[T], now: datetime | None

@@ -501,6 +501,17 @@ class PostgresStore(ScriptedOps, SharedReads):
             return await self._script(lambda: submit_steps(jobs, None))
         return await self._on_application.submit(connection, jobs, self._now())
 
+    def submit_now(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> list[Submitted] | None:
+        """:meth:`submit` on the calling thread, one without an event loop
+        (``app.sync.submit``): in the transaction of an application's blocking
+        ``connection`` that an earlier submit found on this database. None, with nothing
+        written, for anything else: then ask :meth:`submit`."""
+        if connection is None or not jobs:
+            return None
+        return self._on_application.submit_now(connection, jobs, self._now())
+
     async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> list[Submitted] | None:
         """Insert the queued jobs of ``chunks`` with one COPY (``_submit.copy_chunks``),
         the chunks taken one after the other on the store's thread, each sent before the

@@ -296,13 +296,16 @@ class SQLiteStore(ScriptedOps, SharedReads):
         # A few jobs: written by the loop's thread when the store's is idle (no hand-off).
         return await self._write(self._submitter(jobs), here=len(jobs) <= _SUBMIT_HERE)
 
-    def submit_now(self, jobs: Sequence[NewJob]) -> list[Submitted] | None:
+    def submit_now(
+        self, jobs: Sequence[NewJob], *, connection: object | None = None
+    ) -> list[Submitted] | None:
         """:meth:`submit` of a few jobs on the calling thread, one without an event loop
         (``app.sync.submit``), sparing it the trips to the loop's thread and the store's;
         None, with nothing written, when that cannot be done at once (the store is
-        closed or its thread busy, another connection writes): then ask :meth:`submit`."""
+        closed or its thread busy, another connection writes, or ``connection`` is given,
+        which only :meth:`submit` answers): then ask :meth:`submit`."""
         writer = self._writer
-        if writer is None or not jobs or len(jobs) > _SUBMIT_HERE:
+        if writer is None or connection is not None or not jobs or len(jobs) > _SUBMIT_HERE:
             return None
         with translated(self.path):
             done, submitted = writer.write_now(self._submitter(jobs))
