@@ -305,3 +305,24 @@ async def test_a_session_pooler_needs_no_setting(
         finally:
             await app.close()
     assert "goes through a connection pooler; if it pools by transaction" in caplog.text
+
+
+def test_blocking_submits_through_a_transaction_pooler(bouncer: Bouncer) -> None:
+    """Issue 31: ``app.sync.submit`` writes one job on the caller's thread, on a
+    connection of the store's transaction pool, through the pooler as the store's own
+    statements go: more submits than psycopg's prepare threshold (5), alternating with
+    submits of several jobs and a submit in the application's own transaction, on
+    server connections the pooler hands from client to client."""
+    app = _client(bouncer)
+    try:
+        handles = [app.sync.submit("sleepy", {"seconds": n}) for n in range(12)]
+        handles += app.sync.submit_many([Submission("sleepy", {"seconds": 0}) for _ in "ab"])
+        with psycopg.connect(bouncer.url, prepare_threshold=None) as conn:
+            for n in range(8):  # the first one checks the connection, the others skip that
+                handles.append(app.sync.submit("sleepy", {"seconds": n}, connection=conn))
+            conn.commit()
+        statuses, _ = _outcomes(bouncer.direct_url)
+        assert statuses == Counter({"queued": len(handles)}) and len(handles) == 22
+        assert len({h.id for h in handles}) == 22
+    finally:
+        app.sync.close()

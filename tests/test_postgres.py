@@ -24,6 +24,7 @@ from conveyor import (
     ConfigurationError,
     Conveyor,
     DatabaseUnavailable,
+    IdempotencyConflict,
     JobContext,
     JobNotFound,
     NotAConveyorDatabase,
@@ -162,6 +163,58 @@ def test_a_sync_psycopg_connection_takes_part_in_its_transaction(url: str) -> No
         app.sync.close()
 
 
+def _while_the_portal_is_blocked(submit: Callable[[], Any]) -> Any:
+    """Run ``submit`` on a thread while the portal's loop is blocked, and return its
+    result; fail if it waited for the portal."""
+    portal = blocking.portal_loop()
+    assert portal is not None
+    blocked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        blocked.set()
+        release.wait(60)
+
+    portal.call_soon_threadsafe(hold)
+    blocked.wait(30)
+    done: list[Any] = []
+    submitter = threading.Thread(target=lambda: done.append(submit()))
+    submitter.start()
+    try:
+        submitter.join(30)  # returns at once unless the submit waits for the portal
+        assert done, "the submit waited for the blocked portal"
+    finally:
+        release.set()
+        submitter.join(30)
+    return done[0]
+
+
+def test_a_blocking_submit_of_one_job_skips_the_portal(url: str) -> None:
+    """Issue 31: app.sync.submit of one job on PostgreSQL is one statement on a connection
+    of the store's transaction pool, on the caller's thread, even while the portal's loop
+    is blocked. A taken id, several jobs or a job with dependencies go through the portal,
+    with the usual answers."""
+    app = Conveyor(url)
+
+    @app.job()
+    def mail(ctx: JobContext, to: str) -> None: ...
+
+    try:
+        first = app.sync.submit("mail", {"to": "a"})  # opens the portal's store
+        job = _while_the_portal_is_blocked(lambda: app.sync.submit("mail", {"to": "b"}, priority=3))
+        stored = app.sync.get(job.id)
+        assert stored.status is Status.QUEUED and stored.record.priority == 3
+        assert stored.record.payload == {"to": "b"} and job.record.created_at is not None
+        assert app.sync.submit("mail", {"to": "b"}, id=job.id).id == job.id  # taken id
+        with pytest.raises(IdempotencyConflict):
+            app.sync.submit("mail", {"to": "other"}, id=job.id)
+        after = app.sync.submit("mail", {"to": "c"}, depends_on=[first.id])
+        more = app.sync.submit_many([Submission("mail", {"to": to}) for to in "de"])
+        assert after.status is Status.PENDING
+        assert {app.sync.get(h.id).status for h in more} == {Status.QUEUED}
+    finally:
+        app.sync.close()
+
+
 def test_blocking_submits_on_a_checked_connection_skip_the_portal(url: str, other_url: str) -> None:
     """Issue 31 (a Django view's enqueue): once a blocking connection was found on the
     store's database (the first submit on it, through the portal), ``app.sync``'s submits
@@ -173,42 +226,29 @@ def test_blocking_submits_on_a_checked_connection_skip_the_portal(url: str, othe
     @app.job()
     def mail(ctx: JobContext, to: str) -> None: ...
 
-    def while_the_portal_is_blocked(submit: Callable[[], Any]) -> Any:
-        portal = blocking.portal_loop()
-        assert portal is not None
-        blocked, release = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            blocked.set()
-            release.wait(60)
-
-        portal.call_soon_threadsafe(hold)
-        blocked.wait(30)
-        done: list[Any] = []
-        submitter = threading.Thread(target=lambda: done.append(submit()))
-        submitter.start()
-        try:
-            submitter.join(30)  # returns at once unless the submit waits for the portal
-            assert done, "the submit waited for the blocked portal"
-        finally:
-            release.set()
-            submitter.join(30)
-        return done[0]
-
     try:
         with psycopg.connect(url) as conn:
             conn.execute("SELECT 1")  # the transaction is open, as in a web request
             checked = app.sync.submit("mail", {"to": "a"}, connection=conn)  # the check
-            dropped = while_the_portal_is_blocked(
+            dropped = _while_the_portal_is_blocked(
                 lambda: app.sync.submit("mail", {"to": "b"}, connection=conn)
             )
             conn.rollback()
-            kept = while_the_portal_is_blocked(
+            kept = _while_the_portal_is_blocked(
                 lambda: app.sync.submit_many(
                     [Submission("mail", {"to": to}) for to in "cd"], connection=conn
                 )
             )
             conn.commit()
+            # A taken id in the transaction: the one-statement insert writes nothing, and
+            # the steps after it find the job (on this thread still).
+            again = _while_the_portal_is_blocked(
+                lambda: app.sync.submit("mail", {"to": "c"}, id=kept[0].id, connection=conn)
+            )
+            assert again.id == kept[0].id
+            with pytest.raises(IdempotencyConflict):
+                app.sync.submit("mail", {"to": "x"}, id=kept[0].id, connection=conn)
+            conn.rollback()
         for gone in (checked, dropped):
             with pytest.raises(JobNotFound):
                 app.sync.get(gone.id)

@@ -4,9 +4,10 @@ with a submit that skips the trips between threads where the store allows it.
 A blocking call runs its coroutine on the portal's event loop and waits for it: a trip
 there and one back, and on SQLite the store's own thread's on top. A submit of a few jobs
 instead is checked and written right on the caller's thread (the store's ``submit_now``)
-where the store can do that at once: on SQLite, when the portal's store is open, its
-thread idle and no other connection writes; on PostgreSQL, in the transaction of the
-application's own blocking connection (``connection=``, a Django view's), once that
+where the portal's store is open and can do that at once: on SQLite, when its thread is
+idle and no other connection writes; on PostgreSQL, one job as one statement on a
+connection of the store's transaction pool, or any few in the transaction of the
+application's own blocking connection (``connection=``, a Django view's) once that
 connection is known to be on the store's database. Otherwise, and for what it does not
 cover (a tenant's jobs, whose limit is counted in the store), it is the usual blocking
 call.

@@ -84,7 +84,21 @@ async def submit_one(
     if job.depends_on:
         raise ValueError("submit_one takes a job without dependencies")
     cursor = await conn.execute(Q["submit_one"], _one_params(job, now))
-    rows = await cursor.fetchall()
+    return _one_submitted(job, await cursor.fetchall())
+
+
+def submit_one_now(
+    conn: psycopg.Connection[Any] | psycopg.Cursor[Any], job: NewJob, now: datetime | None
+) -> Submitted | None:
+    """:func:`submit_one` on a blocking connection (a blocking caller's), or a cursor of
+    one that reads rows as dicts: in autocommit, or in the connection's transaction."""
+    if job.depends_on:
+        raise ValueError("submit_one takes a job without dependencies")
+    return _one_submitted(job, conn.execute(Q["submit_one"], _one_params(job, now)).fetchall())
+
+
+def _one_submitted(job: NewJob, rows: list[Any]) -> Submitted | None:
+    """The job submit_one inserted, from the row it returned (none: nothing inserted)."""
     if not rows:
         return None
     (row,) = rows
@@ -364,6 +378,14 @@ class ApplicationSubmits:
         on the store's database (only :meth:`submit` can check that)."""
         if not isinstance(connection, psycopg.Connection) or connection not in self._checked:
             return None
+        if len(jobs) == 1 and not jobs[0].depends_on and not connection.autocommit:
+            # One job in the application's transaction: the one-statement insert, which
+            # writes nothing if its id or unique key is taken (the steps then find why).
+            with connection.cursor(row_factory=dict_row) as cursor:
+                our_loaders(cursor.adapters)
+                one = submit_one_now(cursor, jobs[0], now)
+            if one is not None:
+                return [one]
         return run_on_application_sync(connection, submit_steps(jobs, now), now)
 
 

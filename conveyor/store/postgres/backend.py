@@ -74,6 +74,7 @@ from conveyor.store.postgres._submit import (
     copy_chunks,
     copy_slices,
     copyable,
+    submit_one_now,
     submit_steps,
 )
 from conveyor.store.protocol import (
@@ -505,12 +506,23 @@ class PostgresStore(ScriptedOps, SharedReads):
         self, jobs: Sequence[NewJob], *, connection: object | None = None
     ) -> list[Submitted] | None:
         """:meth:`submit` on the calling thread, one without an event loop
-        (``app.sync.submit``): in the transaction of an application's blocking
-        ``connection`` that an earlier submit found on this database. None, with nothing
-        written, for anything else: then ask :meth:`submit`."""
-        if connection is None or not jobs:
+        (``app.sync.submit``), sparing it the trips to the store's loop and back: in the
+        transaction of an application's blocking ``connection`` that an earlier submit
+        found on this database; without one, a job without dependencies as one statement
+        in autocommit on a connection of the store's transaction pool. None, with nothing
+        written, for anything else (several jobs, a taken id or unique key, a store not
+        open): then ask :meth:`submit`."""
+        if not jobs:
             return None
-        return self._on_application.submit_now(connection, jobs, self._now())
+        if connection is not None:
+            return self._on_application.submit_now(connection, jobs, self._now())
+        pool = self._tx_pool
+        if pool is None or len(jobs) != 1 or jobs[0].depends_on:
+            return None
+        job, now = jobs[0], self._now()
+        with translated(self._where):
+            one = _retrying(pool, lambda conn: submit_one_now(conn, job, now))
+        return None if one is None else [one]
 
     async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> list[Submitted] | None:
         """Insert the queued jobs of ``chunks`` with one COPY (``_submit.copy_chunks``),
