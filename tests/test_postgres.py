@@ -143,26 +143,6 @@ async def test_an_autocommit_connection_commits_the_submit_on_its_own(
         await app.get(inner.id)
 
 
-def test_a_sync_psycopg_connection_takes_part_in_its_transaction(url: str) -> None:
-    app = Conveyor(url)
-
-    @app.job()
-    def mail(ctx: JobContext, to: str) -> None: ...
-
-    try:
-        with psycopg.connect(url) as conn:
-            conn.execute("SELECT 1")  # the transaction is open, as in a web request
-            dropped = app.sync.submit("mail", {"to": "a@example.com"}, connection=conn)
-            conn.rollback()
-            kept = app.sync.submit("mail", {"to": "b@example.com"}, connection=conn)
-            conn.commit()
-        with pytest.raises(JobNotFound):
-            app.sync.get(dropped.id)
-        assert app.sync.get(kept.id).status is Status.QUEUED
-    finally:
-        app.sync.close()
-
-
 def _while_the_portal_is_blocked(submit: Callable[[], Any]) -> Any:
     """Run ``submit`` on a thread while the portal's loop is blocked, and return its
     result; fail if it waited for the portal."""
@@ -216,11 +196,12 @@ def test_a_blocking_submit_of_one_job_skips_the_portal(url: str) -> None:
 
 
 def test_blocking_submits_on_a_checked_connection_skip_the_portal(url: str, other_url: str) -> None:
-    """Issue 31 (a Django view's enqueue): once a blocking connection was found on the
-    store's database (the first submit on it, through the portal), ``app.sync``'s submits
-    in its transaction are written on the caller's thread, even while the portal's loop
-    is blocked; they still take part in that transaction. A connection never checked
-    still goes through the portal and its check."""
+    """A blocking psycopg connection takes part in its transaction: what a rollback
+    drops is gone, what a commit keeps is queued. Issue 31 (a Django view's enqueue):
+    once the connection was found on the store's database (the first submit on it,
+    through the portal), ``app.sync``'s submits in it are written on the caller's thread,
+    even while the portal's loop is blocked. A connection never checked still goes
+    through the portal and its check."""
     app = Conveyor(url)
 
     @app.job()
