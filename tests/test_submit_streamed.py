@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conveyor import Conveyor, InvalidPayload, JobContext, Submission
+from conveyor import Conveyor, InvalidPayload, JobContext, JobHandle, Status, Submission
 from conveyor.app import _stream
 from conveyor.app._stream import PreparedChunks, streamable
 
@@ -45,6 +45,22 @@ async def test_a_large_batch_is_stored_whole_with_its_handles_in_order(app: Conv
         assert stored == h.record and stored.priority == stored.payload["n"] % 3
         assert stored.max_attempts == 4
     assert await _count(app) == 951
+
+
+async def test_a_large_batch_s_handles_read_refresh_and_count_as_any(app: Conveyor) -> None:
+    # On PostgreSQL the COPY's handles make their records when first read (InsertedHandle).
+    _typed(app)
+    await app.submit("typed", {"n": -1})
+    handles = await app.submit_many([Submission("typed", {"n": i}) for i in range(500)])
+    assert all(isinstance(h, JobHandle) for h in handles)
+    assert handles[3].status is Status.QUEUED and handles[3].record.payload == {"n": 3}
+    await app.cancel(handles[3].id)
+    assert (await handles[3].refresh()).status is Status.CANCELLED
+    assert handles[4].record == (await app.get(handles[4].id)).record
+    counted = app.metrics.registry.get_sample_value(
+        "conveyor_jobs_submitted_total", {"type": "typed", "queue": "default"}
+    )
+    assert counted == 501
 
 
 async def test_a_bad_payload_late_in_the_batch_stores_nothing(app: Conveyor) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from conveyor.app.handles import Submission
 from conveyor.core.model import NewJob
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Inserted, Submitted
 
 # Batches at least this large are streamed, in chunks of this many jobs.
 STREAM_FROM = 400
@@ -71,15 +71,16 @@ async def submit_streamed(
     store: object,
     submissions: Sequence[Submission],
     prepare: Callable[[Sequence[Submission]], list[NewJob]],
-) -> tuple[list[NewJob], list[Submitted]] | None:
+) -> Inserted | tuple[list[NewJob], list[Submitted]] | None:
     """Submit a :func:`streamable` batch prepared a chunk at a time by ``store``'s COPY
-    (None: ``store`` cannot: submit it the usual way). Returns the jobs and the results."""
+    (None: ``store`` cannot: submit it the usual way). Returns what the COPY inserted, or,
+    should an id be taken, the jobs and the results of the usual submit."""
     copy_prepared = getattr(store, "copy_prepared", None)
     if copy_prepared is None:
         return None
     chunks = PreparedChunks(submissions, prepare)
-    results: list[Submitted] | None = await copy_prepared(chunks)
-    if results is None:  # an id was taken, nothing stored: the usual way finds its job
+    inserted: Inserted | None = await copy_prepared(chunks)
+    if inserted is None:  # an id was taken, nothing stored: the usual way finds its job
         jobs = chunks.jobs()
         return jobs, await store.submit(jobs)  # type: ignore[attr-defined]
-    return chunks.jobs(), results
+    return inserted

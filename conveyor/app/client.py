@@ -24,8 +24,10 @@ import dataclasses
 import os
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app._gcpause import collector_paused
@@ -38,6 +40,7 @@ from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.app.handles import (
+    InsertedHandle,
     JobDefinition,
     JobHandle,
     JobPage,
@@ -77,6 +80,7 @@ from conveyor.observe import tracing
 from conveyor.observe.hooks import AttemptEnded, AttemptStarted, Hooks
 from conveyor.observe.metrics import Metrics
 from conveyor.store import (
+    Inserted,
     JobPageQuery,
     LeaseRecord,
     Pooling,
@@ -97,6 +101,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
+
+# What a new job's submitted count is kept by (Metrics.of).
+_type_and_queue = attrgetter("type", "queue")
 
 
 class Conveyor:
@@ -381,6 +388,18 @@ class Conveyor:
                 self.metrics.of(job_type, queue).submitted.inc(n)
         return handles
 
+    def _inserted_handles(self, inserted: Inserted) -> list[JobHandle]:
+        """Handles on the jobs a store has just inserted (all of them new), each job's
+        record made when first read."""
+        # Counted once per type and queue, not once per job.
+        for (job_type, queue), n in Counter(map(_type_and_queue, inserted.jobs)).items():
+            self.metrics.of(job_type, queue).submitted.inc(n)
+        created_at = inserted.created_at
+        return [
+            InsertedHandle(self, job, run_at, created_at)
+            for job, run_at in zip(inserted.jobs, inserted.run_at, strict=True)
+        ]
+
     async def submit_many(
         self, submissions: Sequence[Submission], *, connection: Any = None
     ) -> list[JobHandle]:
@@ -408,6 +427,8 @@ class Conveyor:
                     submissions,
                     lambda part: _new_jobs(self.registry, part, now, parent, "local"),
                 )
+                if isinstance(streamed, Inserted):
+                    return self._inserted_handles(streamed)
                 if streamed is not None:
                     return self.handles(*streamed)
             new_jobs = self.prepare(submissions)

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from conveyor.app import blocking
 from conveyor.core.durations import Duration
 from conveyor.core.ids import qualify
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, Job, Progress, TreeCounts, as_utc
+from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, TreeCounts, as_utc
 from conveyor.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -217,6 +218,25 @@ class JobHandle(JobView):
         from conveyor.web import accepted
 
         return accepted(self.record, prefix=prefix, location=location, headers=headers)
+
+
+class InsertedHandle(JobHandle):
+    """A handle on a job a batch's submit has just inserted, its record made from the job
+    as submitted when first read.
+
+    A large batch's handles are mostly never read, and a :class:`Job` made per job cost
+    the client more than the rest of its submit. Once made, the record is an attribute
+    like any handle's (``refresh`` replaces it).
+    """
+
+    def __init__(self, app: JobSource, job: NewJob, run_at: datetime, created_at: datetime):
+        self._app = app
+        self._inserted = (job, run_at, created_at)
+
+    @functools.cached_property
+    def record(self) -> Job:  # type: ignore[override]
+        job, run_at, created_at = self._inserted
+        return job.stored(Status.QUEUED, run_at, created_at)
 
 
 # A lease's token and owner are the worker's business: a holder of them could settle it.

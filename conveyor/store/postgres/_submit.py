@@ -32,7 +32,7 @@ from conveyor.store.postgres._codec import (
     run_script_async,
     utc,
 )
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Inserted, Submitted
 from conveyor.store.scripts import Script, check_dependencies, check_same_tenant
 
 T = TypeVar("T")
@@ -189,7 +189,7 @@ def copy_slices(jobs: Sequence[NewJob]) -> list[Sequence[NewJob]]:
 
 def copy_chunks(
     conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
-) -> list[Submitted] | None:
+) -> Inserted | None:
     """Insert the queued jobs of ``chunks`` with COPY, as the submit INSERT would.
 
     On a connection in autocommit (the store's), the COPY is a transaction of its own:
@@ -211,7 +211,8 @@ def copy_chunks(
     submit's check wrote (``payload_text``) where it kept it, rather than encoded again.
 
     Should ``chunks`` raise (a bad payload further on), the COPY is abandoned and nothing
-    is stored: it is one statement in one transaction.
+    is stored: it is one statement in one transaction. What was inserted is returned as
+    one record (:class:`Inserted`), with no :class:`Job` made per job.
     """
     try:
         return _copy_chunks(conn, chunks, now)
@@ -221,10 +222,11 @@ def copy_chunks(
 
 def _copy_chunks(
     conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
-) -> list[Submitted]:
-    results = []
+) -> Inserted:
+    jobs: list[NewJob] = []
+    run_ats: list[datetime] = []
     shared: dict[tuple[Any, ...], str] = {}
-    own_text, shared_text, queued, text = _own_text, _shared_text, Status.QUEUED, _copy_text
+    own_text, shared_text, text = _own_text, _shared_text, _copy_text
     with conn.cursor(row_factory=tuple_row) as cursor:
         if now is None:
             ((now,),) = cursor.execute("SELECT now()").fetchall()
@@ -248,10 +250,11 @@ def _copy_chunks(
                     if rest is None:
                         rest = shared[key] = shared_text(j, "queued", created_text)
                     lines.append(own_text(j, text(j.payload_json()), run_at_text, rest))
-                    results.append(Submitted(j.stored(queued, run_at, created), created=True))
+                    run_ats.append(run_at)
+                jobs.extend(chunk)
                 if lines:
                     copy.write("".join(lines))
-    return results
+    return Inserted(jobs, run_ats, created)
 
 
 def _insert_batch(

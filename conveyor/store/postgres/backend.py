@@ -79,6 +79,7 @@ from conveyor.store.postgres._submit import (
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
+    Inserted,
     JobPageQuery,
     Lease,
     Limits,
@@ -497,15 +498,17 @@ class PostgresStore(ScriptedOps, SharedReads):
                 return await self._read(lambda: submit_steps(jobs, None))
             # COPY, unless an id is taken (None): then the INSERT below returns its job.
             if copyable(jobs) and (copied := await self.copy_prepared(copy_slices(jobs))):
-                return copied
+                return copied.submitted()
             return await self._script(lambda: submit_steps(jobs, None))
         return await self._on_application.submit(connection, jobs, self._now())
 
-    async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> list[Submitted] | None:
+    async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> Inserted | None:
         """Insert the queued jobs of ``chunks`` with one COPY (``_submit.copy_chunks``),
         the chunks taken one after the other on the store's thread, each sent before the
         next is asked for: prepared as they are asked for, a batch is checked while the
         server inserts its first rows. Jobs without unique keys or dependencies only.
+        Returns what was inserted as one record, its :class:`Job` per job made only if
+        asked for (:meth:`Inserted.submitted`).
 
         None: an id was taken, and nothing was stored (submit the batch the usual way).
         Should ``chunks`` raise, nothing is stored and the error is raised. After a lost
