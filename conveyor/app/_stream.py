@@ -42,13 +42,13 @@ class PreparedChunks:
     def __init__(
         self,
         submissions: Sequence[Submission],
-        prepare: Callable[[Sequence[Submission]], list[NewJob]],
+        prepare: Callable[[Sequence[Submission]], Sequence[NewJob]],
     ) -> None:
         self._submissions = submissions
         self._prepare = prepare
-        self._chunks: list[list[NewJob]] = []
+        self._chunks: list[Sequence[NewJob]] = []
 
-    def __iter__(self) -> Iterator[list[NewJob]]:
+    def __iter__(self) -> Iterator[Sequence[NewJob]]:
         for i in range(len(self._submissions) // CHUNK + 1):
             if i < len(self._chunks):
                 chunk = self._chunks[i]
@@ -70,7 +70,7 @@ class PreparedChunks:
 async def submit_streamed(
     store: object,
     submissions: Sequence[Submission],
-    prepare: Callable[[Sequence[Submission]], list[NewJob]],
+    prepare: Callable[[Sequence[Submission]], Sequence[NewJob]],
 ) -> Inserted | tuple[list[NewJob], list[Submitted]] | None:
     """Submit a :func:`streamable` batch prepared a chunk at a time by ``store``'s COPY
     (None: ``store`` cannot: submit it the usual way). Returns what the COPY inserted, or,

@@ -36,6 +36,7 @@ from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._submit import plain as _plain
 from conveyor.app._submit import plain_job as _plain_job
+from conveyor.app._submit import streamed_jobs as _streamed_jobs
 from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
@@ -67,7 +68,7 @@ from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
 from conveyor.core.ids import new_id, qualify
-from conveyor.core.model import JSON, Attempt, NewJob
+from conveyor.core.model import JSON, Attempt, NewJob, SameJobs
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
@@ -392,13 +393,20 @@ class Conveyor:
         """Handles on the jobs a store has just inserted (all of them new), each job's
         record made when first read."""
         # Counted once per type and queue, not once per job.
-        for (job_type, queue), n in Counter(map(_type_and_queue, inserted.jobs)).items():
+        counts: Counter[tuple[str, str]] = Counter()
+        handles: list[JobHandle] = []
+        run_at, created_at = iter(inserted.run_at), inserted.created_at
+        for chunk in inserted.chunks:
+            if isinstance(chunk, SameJobs):
+                counts[chunk.template.type, chunk.template.queue] += len(chunk)
+            else:
+                counts.update(map(_type_and_queue, chunk))
+            handles += [
+                InsertedHandle(self, chunk, i, next(run_at), created_at) for i in range(len(chunk))
+            ]
+        for (job_type, queue), n in counts.items():
             self.metrics.of(job_type, queue).submitted.inc(n)
-        created_at = inserted.created_at
-        return [
-            InsertedHandle(self, job, run_at, created_at)
-            for job, run_at in zip(inserted.jobs, inserted.run_at, strict=True)
-        ]
+        return handles
 
     async def submit_many(
         self, submissions: Sequence[Submission], *, connection: Any = None
@@ -425,7 +433,7 @@ class Conveyor:
                 streamed = await submit_streamed(
                     store,
                     submissions,
-                    lambda part: _new_jobs(self.registry, part, now, parent, "local"),
+                    lambda part: _streamed_jobs(self.registry, part, now, parent, "local"),
                 )
                 if isinstance(streamed, Inserted):
                     return self._inserted_handles(streamed)

@@ -14,7 +14,7 @@ import binascii
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
@@ -221,22 +221,29 @@ class JobHandle(JobView):
 
 
 class InsertedHandle(JobHandle):
-    """A handle on a job a batch's submit has just inserted, its record made from the job
-    as submitted when first read.
+    """A handle on a job a batch's submit has just inserted (``jobs[index]``), its record
+    made from the job as submitted when first read.
 
     A large batch's handles are mostly never read, and a :class:`Job` made per job cost
     the client more than the rest of its submit. Once made, the record is an attribute
     like any handle's (``refresh`` replaces it).
     """
 
-    def __init__(self, app: JobSource, job: NewJob, run_at: datetime, created_at: datetime):
+    def __init__(
+        self,
+        app: JobSource,
+        jobs: Sequence[NewJob],
+        index: int,
+        run_at: datetime,
+        created_at: datetime,
+    ) -> None:
         self._app = app
-        self._inserted = (job, run_at, created_at)
+        self._inserted = (jobs, index, run_at, created_at)
 
     @functools.cached_property
     def record(self) -> Job:  # type: ignore[override]
-        job, run_at, created_at = self._inserted
-        return job.stored(Status.QUEUED, run_at, created_at)
+        jobs, index, run_at, created_at = self._inserted
+        return jobs[index].stored(Status.QUEUED, run_at, created_at)
 
 
 # A lease's token and owner are the worker's business: a holder of them could settle it.

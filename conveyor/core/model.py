@@ -7,11 +7,11 @@ change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Event, Status, transition
@@ -92,6 +92,52 @@ class NewJob:
         it kept it (:attr:`payload_text`), else encoded now."""
         text = self.payload_text
         return compact(self.payload) if text is None else text
+
+
+class SameJobs(Sequence[NewJob]):
+    """Jobs submitted together that differ only in their ids and payloads: one job's
+    other fields (``template``), and each job's id, payload and payload text.
+
+    A large batch of one type's plain jobs, as its COPY writes it (PostgreSQL): the
+    rows are written from these lists and the template's fields, and a job is made as
+    a :class:`NewJob` only when read (``batch[i]``), which most never are. Read-only.
+    """
+
+    __slots__ = ("ids", "payloads", "template", "texts")
+
+    def __init__(
+        self,
+        template: NewJob,
+        ids: list[str],
+        payloads: list[dict[str, JSON]],
+        texts: list[str],
+    ) -> None:
+        if not len(ids) == len(payloads) == len(texts):
+            raise ValueError("SameJobs takes one id, payload and payload text per job")
+        self.template = template
+        self.ids = ids
+        self.payloads = payloads
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[NewJob]: ...
+
+    def __getitem__(self, index: int | slice) -> NewJob | list[NewJob]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        job = replace(self.template, id=self.ids[index], payload=self.payloads[index])
+        job.payload_text = self.texts[index]
+        return job
+
+    def __iter__(self) -> Iterator[NewJob]:
+        for i in range(len(self)):
+            yield self[i]
 
 
 @dataclass(slots=True, eq=True)
