@@ -67,7 +67,7 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
-from conveyor.core.ids import new_id, qualify
+from conveyor.core.ids import new_id, new_ids, qualify
 from conveyor.core.model import JSON, Attempt, NewJob, SameJobs
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
@@ -430,10 +430,13 @@ class Conveyor:
             store = self._stores.get(asyncio.get_running_loop())  # open already?
             if store is not None and streamable(submissions, connection):
                 now, parent = self._wallclock(), tracing.current_traceparent()
+                # The batch's ids made together, in order (see new_ids), and taken by its
+                # chunks in turn (each prepared once, in order).
+                ids = iter(new_ids(now, len(submissions)))
                 streamed = await submit_streamed(
                     store,
                     submissions,
-                    lambda part: _streamed_jobs(self.registry, part, now, parent, "local"),
+                    lambda part: _streamed_jobs(self.registry, part, now, parent, "local", ids),
                 )
                 if isinstance(streamed, Inserted):
                     return self._inserted_handles(streamed)
