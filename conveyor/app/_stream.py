@@ -7,15 +7,20 @@ dependencies or tenants, on conveyor's own connection) the store can instead ask
 the jobs a chunk at a time inside its one COPY: each chunk is checked as the server inserts
 the one before. The COPY is one statement in one transaction, so a bad payload further on
 stores nothing, and the error raised is the first bad job's, as ``prepare`` raises it.
+The COPY returns what it inserted as one record (:class:`~conveyor.store.Inserted`), and
+the batch's handles make their jobs' records when first read (:func:`inserted_handles`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from typing import Any
 
-from conveyor.app.handles import Submission
-from conveyor.core.model import NewJob
+from conveyor.app.handles import InsertedHandle, JobHandle, JobSource, Submission
+from conveyor.core.model import NewJob, SameJobs
+from conveyor.observe.metrics import Metrics
 from conveyor.store.protocol import Inserted, Submitted
 
 # Batches at least this large are streamed, in chunks of this many jobs.
@@ -84,3 +89,27 @@ async def submit_streamed(
         jobs = chunks.jobs()
         return jobs, await store.submit(jobs)  # type: ignore[attr-defined]
     return inserted
+
+
+def inserted_handles(app: JobSource, metrics: Metrics, inserted: Inserted) -> list[JobHandle]:
+    """Handles on the jobs a store has just inserted (all of them new), each job's record
+    made when first read, and the jobs counted as submitted in ``metrics``."""
+    # Counted once per type and queue, not once per job.
+    counts: Counter[tuple[str, str]] = Counter()
+    handles: list[JobHandle] = []
+    run_at, created_at = iter(inserted.run_at), inserted.created_at
+    for chunk in inserted.chunks:
+        if isinstance(chunk, SameJobs):
+            counts[chunk.template.type, chunk.template.queue] += len(chunk)
+        else:
+            counts.update(map(_type_and_queue, chunk))
+        handles += [
+            InsertedHandle(app, chunk, i, next(run_at), created_at) for i in range(len(chunk))
+        ]
+    for (job_type, queue), n in counts.items():
+        metrics.of(job_type, queue).submitted.inc(n)
+    return handles
+
+
+# What a new job's submitted count is kept by (Metrics.of).
+_type_and_queue = attrgetter("type", "queue")

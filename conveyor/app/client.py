@@ -24,14 +24,12 @@ import dataclasses
 import os
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from operator import attrgetter
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app._gcpause import collector_paused
-from conveyor.app._stream import streamable, submit_streamed
+from conveyor.app._stream import inserted_handles, streamable, submit_streamed
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._submit import plain as _plain
@@ -41,7 +39,6 @@ from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
 from conveyor.app.handles import (
-    InsertedHandle,
     JobDefinition,
     JobHandle,
     JobPage,
@@ -68,7 +65,7 @@ from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
 from conveyor.core.ids import new_id, new_ids, qualify
-from conveyor.core.model import JSON, Attempt, NewJob, SameJobs
+from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
@@ -102,9 +99,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///conveyor.db"
-
-# What a new job's submitted count is kept by (Metrics.of).
-_type_and_queue = attrgetter("type", "queue")
 
 
 class Conveyor:
@@ -389,25 +383,6 @@ class Conveyor:
                 self.metrics.of(job_type, queue).submitted.inc(n)
         return handles
 
-    def _inserted_handles(self, inserted: Inserted) -> list[JobHandle]:
-        """Handles on the jobs a store has just inserted (all of them new), each job's
-        record made when first read."""
-        # Counted once per type and queue, not once per job.
-        counts: Counter[tuple[str, str]] = Counter()
-        handles: list[JobHandle] = []
-        run_at, created_at = iter(inserted.run_at), inserted.created_at
-        for chunk in inserted.chunks:
-            if isinstance(chunk, SameJobs):
-                counts[chunk.template.type, chunk.template.queue] += len(chunk)
-            else:
-                counts.update(map(_type_and_queue, chunk))
-            handles += [
-                InsertedHandle(self, chunk, i, next(run_at), created_at) for i in range(len(chunk))
-            ]
-        for (job_type, queue), n in counts.items():
-            self.metrics.of(job_type, queue).submitted.inc(n)
-        return handles
-
     async def submit_many(
         self, submissions: Sequence[Submission], *, connection: Any = None
     ) -> list[JobHandle]:
@@ -439,7 +414,7 @@ class Conveyor:
                     lambda part: _streamed_jobs(self.registry, part, now, parent, "local", ids),
                 )
                 if isinstance(streamed, Inserted):
-                    return self._inserted_handles(streamed)
+                    return inserted_handles(self, self.metrics, streamed)
                 if streamed is not None:
                     return self.handles(*streamed)
             new_jobs = self.prepare(submissions)
