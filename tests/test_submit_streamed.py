@@ -5,6 +5,7 @@ payload anywhere in it stores nothing."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,8 @@ def test_a_chunk_of_one_type_s_plain_jobs_is_the_jobs_new_jobs_makes(tmp_path: P
         assert made == dataclasses.replace(expected, id=made.id)
         assert made.payload_text == expected.payload_text == same.texts[made.payload["n"]]
     assert same[1:3] == [same[1], same[2]] and same[-1].payload == {"n": 199, "t": 199 / 3}
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert same.stored(5, Status.QUEUED, at, at) == same[5].stored(Status.QUEUED, at, at)
     # Anything else is made the usual way: another type among them, an option of its
     # own, a bad payload.
     for odd in (

@@ -23,7 +23,16 @@ from conveyor.app import blocking
 from conveyor.core.durations import Duration
 from conveyor.core.ids import qualify
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, TreeCounts, as_utc
+from conveyor.core.model import (
+    JSON,
+    Attempt,
+    Job,
+    NewJob,
+    Progress,
+    SameJobs,
+    TreeCounts,
+    as_utc,
+)
 from conveyor.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -243,7 +252,15 @@ class InsertedHandle(JobHandle):
     @functools.cached_property
     def record(self) -> Job:  # type: ignore[override]
         jobs, index, run_at, created_at = self._inserted
+        if isinstance(jobs, SameJobs):
+            return jobs.stored(index, Status.QUEUED, run_at, created_at)
         return jobs[index].stored(Status.QUEUED, run_at, created_at)
+
+    @property
+    def id(self) -> str:
+        # Without making the record: the one field an application often reads of each.
+        jobs, index = self._inserted[0], self._inserted[1]
+        return jobs.ids[index] if isinstance(jobs, SameJobs) else jobs[index].id
 
 
 # A lease's token and owner are the worker's business: a holder of them could settle it.
