@@ -115,7 +115,7 @@ def test_ids_made_together_are_new_id_s_for_the_same_time() -> None:
     digits = "0123456789abcdefghjkmnpqrstvwxyz"
     for now in (0.0, 1.5, 1_700_000_000.123, (2**48 - 1) / 1000):
         together = ids.new_ids(now, 200)
-        assert len(set(together)) == 200
+        assert len(set(together)) == 200 and together == sorted(together)
         for made in together:
             value = 0
             for digit in made:

@@ -4,13 +4,18 @@ payload anywhere in it stores nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conveyor import Conveyor, InvalidPayload, JobContext, Submission
+from conveyor import Conveyor, InvalidPayload, JobContext, JobHandle, Status, Submission
 from conveyor.app import _stream
 from conveyor.app._stream import PreparedChunks, streamable
+from conveyor.app._submit import new_jobs, streamed_jobs
+from conveyor.core.model import SameJobs
 
 
 def _typed(app: Conveyor) -> None:
@@ -39,12 +44,33 @@ async def test_a_large_batch_is_stored_whole_with_its_handles_in_order(app: Conv
     handles = await app.submit_many(batch)
     assert streamed == ([1] if copy_prepared is not None else [])
     assert [h.record.payload for h in handles] == [{"n": i, "t": i / 7} for i in range(950)]
-    assert len({h.id for h in handles}) == 950
+    # The batch's ids made together, in order: its rows enter the indexes on the id in order.
+    ids = [h.id for h in handles]
+    assert len(set(ids)) == 950 and ids == sorted(ids)
     for h in handles[::97]:
         stored = (await app.get(h.id)).record
         assert stored == h.record and stored.priority == stored.payload["n"] % 3
         assert stored.max_attempts == 4
     assert await _count(app) == 951
+
+
+async def test_a_large_batch_s_handles_read_refresh_and_count_as_any(app: Conveyor) -> None:
+    # On PostgreSQL the COPY's handles make their records when first read (InsertedHandle).
+    _typed(app)
+    await app.submit("typed", {"n": -1})
+    handles = await app.submit_many([Submission("typed", {"n": i}) for i in range(500)])
+    assert all(isinstance(h, JobHandle) for h in handles)
+    assert [h.id for h in handles] == sorted(h.id for h in handles)
+    assert handles[3].status is Status.QUEUED and handles[3].record.payload == {"n": 3}
+    await app.cancel(handles[3].id)
+    assert (await handles[3].refresh()).status is Status.CANCELLED
+    for i in range(4, 500, 50):
+        stored = (await app.get(handles[i].id)).record
+        assert handles[i].record == stored and stored.payload == {"n": i}
+    counted = app.metrics.registry.get_sample_value(
+        "conveyor_jobs_submitted_total", {"type": "typed", "queue": "default"}
+    )
+    assert counted == 501
 
 
 async def test_a_bad_payload_late_in_the_batch_stores_nothing(app: Conveyor) -> None:
@@ -73,6 +99,34 @@ def test_a_retried_copy_gets_the_same_jobs_again() -> None:
     half = PreparedChunks([Submission("typed", {"n": i}) for i in range(450)], prepare)
     next(iter(half))
     assert len(half.jobs()) == 450
+
+
+def test_a_chunk_of_one_type_s_plain_jobs_is_the_jobs_new_jobs_makes(tmp_path: Path) -> None:
+    app = Conveyor(f"sqlite:///{tmp_path / 'unused.db'}")
+    _typed(app)
+
+    @app.job(name="other")
+    async def other(ctx: JobContext, n: int) -> None: ...
+
+    part = [Submission("typed", {"n": i, "t": i / 3}) for i in range(200)]
+    same = streamed_jobs(app.registry, part, 1_700_000_000.0, "00-trace", "local")
+    usual = new_jobs(app.registry, part, 1_700_000_000.0, "00-trace", "local")
+    assert isinstance(same, SameJobs) and len(same) == 200 and len(set(same.ids)) == 200
+    for made, expected in zip(same, usual, strict=True):
+        assert made == dataclasses.replace(expected, id=made.id)
+        assert made.payload_text == expected.payload_text == same.texts[made.payload["n"]]
+    assert same[1:3] == [same[1], same[2]] and same[-1].payload == {"n": 199, "t": 199 / 3}
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert same.stored(5, Status.QUEUED, at, at) == same[5].stored(Status.QUEUED, at, at)
+    # Anything else is made the usual way: another type among them, an option of its
+    # own, a bad payload.
+    for odd in (
+        [*part[:100], Submission("other", {"n": 1}), *part[100:]],
+        [*part[:100], Submission("typed", {"n": 1}, priority=2), *part[100:]],
+    ):
+        assert not isinstance(streamed_jobs(app.registry, odd, 0.0, None, "local"), SameJobs)
+    with pytest.raises(InvalidPayload, match="n"):
+        streamed_jobs(app.registry, [*part, Submission("typed", {"n": "x"})], 0.0, None, "local")
 
 
 def test_only_plain_large_batches_on_conveyor_s_connection_are_streamed() -> None:

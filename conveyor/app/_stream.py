@@ -7,16 +7,21 @@ dependencies or tenants, on conveyor's own connection) the store can instead ask
 the jobs a chunk at a time inside its one COPY: each chunk is checked as the server inserts
 the one before. The COPY is one statement in one transaction, so a bad payload further on
 stores nothing, and the error raised is the first bad job's, as ``prepare`` raises it.
+The COPY returns what it inserted as one record (:class:`~conveyor.store.Inserted`), and
+the batch's handles make their jobs' records when first read (:func:`inserted_handles`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from typing import Any
 
-from conveyor.app.handles import Submission
-from conveyor.core.model import NewJob
-from conveyor.store.protocol import Submitted
+from conveyor.app.handles import InsertedHandle, JobHandle, JobSource, Submission
+from conveyor.core.model import NewJob, SameJobs
+from conveyor.observe.metrics import Metrics
+from conveyor.store.protocol import Inserted, Submitted
 
 # Batches at least this large are streamed, in chunks of this many jobs.
 STREAM_FROM = 400
@@ -42,13 +47,13 @@ class PreparedChunks:
     def __init__(
         self,
         submissions: Sequence[Submission],
-        prepare: Callable[[Sequence[Submission]], list[NewJob]],
+        prepare: Callable[[Sequence[Submission]], Sequence[NewJob]],
     ) -> None:
         self._submissions = submissions
         self._prepare = prepare
-        self._chunks: list[list[NewJob]] = []
+        self._chunks: list[Sequence[NewJob]] = []
 
-    def __iter__(self) -> Iterator[list[NewJob]]:
+    def __iter__(self) -> Iterator[Sequence[NewJob]]:
         for i in range(len(self._submissions) // CHUNK + 1):
             if i < len(self._chunks):
                 chunk = self._chunks[i]
@@ -70,16 +75,41 @@ class PreparedChunks:
 async def submit_streamed(
     store: object,
     submissions: Sequence[Submission],
-    prepare: Callable[[Sequence[Submission]], list[NewJob]],
-) -> tuple[list[NewJob], list[Submitted]] | None:
+    prepare: Callable[[Sequence[Submission]], Sequence[NewJob]],
+) -> Inserted | tuple[list[NewJob], list[Submitted]] | None:
     """Submit a :func:`streamable` batch prepared a chunk at a time by ``store``'s COPY
-    (None: ``store`` cannot: submit it the usual way). Returns the jobs and the results."""
+    (None: ``store`` cannot: submit it the usual way). Returns what the COPY inserted, or,
+    should an id be taken, the jobs and the results of the usual submit."""
     copy_prepared = getattr(store, "copy_prepared", None)
     if copy_prepared is None:
         return None
     chunks = PreparedChunks(submissions, prepare)
-    results: list[Submitted] | None = await copy_prepared(chunks)
-    if results is None:  # an id was taken, nothing stored: the usual way finds its job
+    inserted: Inserted | None = await copy_prepared(chunks)
+    if inserted is None:  # an id was taken, nothing stored: the usual way finds its job
         jobs = chunks.jobs()
         return jobs, await store.submit(jobs)  # type: ignore[attr-defined]
-    return chunks.jobs(), results
+    return inserted
+
+
+def inserted_handles(app: JobSource, metrics: Metrics, inserted: Inserted) -> list[JobHandle]:
+    """Handles on the jobs a store has just inserted (all of them new), each job's record
+    made when first read, and the jobs counted as submitted in ``metrics``."""
+    # Counted once per type and queue, not once per job.
+    counts: Counter[tuple[str, str]] = Counter()
+    handles: list[JobHandle] = []
+    run_at, created_at = iter(inserted.run_at), inserted.created_at
+    for chunk in inserted.chunks:
+        if isinstance(chunk, SameJobs):
+            counts[chunk.template.type, chunk.template.queue] += len(chunk)
+        else:
+            counts.update(map(_type_and_queue, chunk))
+        handles += [
+            InsertedHandle(app, chunk, i, next(run_at), created_at) for i in range(len(chunk))
+        ]
+    for (job_type, queue), n in counts.items():
+        metrics.of(job_type, queue).submitted.inc(n)
+    return handles
+
+
+# What a new job's submitted count is kept by (Metrics.of).
+_type_and_queue = attrgetter("type", "queue")

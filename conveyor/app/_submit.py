@@ -6,13 +6,15 @@ jobs submitted together refused before anything is stored."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
+from itertools import islice
+from typing import cast
 
 from conveyor.app.handles import Submission
 from conveyor.app.registry import JobOptions, JobType, Registry, check_queue, optional_seconds
 from conveyor.core.ids import check_job_id, local, new_id, new_ids, qualify
-from conveyor.core.model import JSON, NewJob, check_run_at
+from conveyor.core.model import JSON, NewJob, SameJobs, check_run_at
 from conveyor.errors import ConfigurationError, InvalidDependency, InvalidPayload
 
 
@@ -70,13 +72,18 @@ def new_jobs(
     now: float,
     traceparent: str | None,
     submitted_by: str,
+    ids: Iterator[str] | None = None,
 ) -> list[NewJob]:
     """The jobs ``submissions`` describe, checked as :func:`new_job` checks each, with the
     work they share done once: payloads validated a type at a time, the new ids made
-    together, and the options of a type's jobs that set none of their own read once."""
+    together, and the options of a type's jobs that set none of their own read once.
+
+    ``ids``: the new ids of a larger batch that ``submissions`` are part of, taken in
+    order for the jobs without a client id (by default, made here)."""
     payloads, texts = payloads_by_type(registry, submissions)
-    fresh = sum(1 for s in submissions if s.id is None)
-    ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
+    if ids is None:
+        fresh = sum(1 for s in submissions if s.id is None)
+        ids = iter(new_ids(now, fresh) if fresh > 1 else [new_id(now)] * fresh)
     defaults: dict[str, _Fields] = {}  # by type name, for this batch (see _defaults)
     jobs = []
     for s, payload, text in zip(submissions, payloads, texts, strict=True):
@@ -96,6 +103,56 @@ def new_jobs(
             job.payload_text = text
         jobs.append(job)
     return jobs
+
+
+def streamed_jobs(
+    registry: Registry,
+    submissions: Sequence[Submission],
+    now: float,
+    traceparent: str | None,
+    submitted_by: str,
+    ids: Iterator[str] | None = None,
+) -> Sequence[NewJob]:
+    """:func:`new_jobs` for a chunk of a streamed batch (app/_stream.py): when they are
+    one type's :func:`plain` jobs, their payloads checked together (as
+    :func:`payloads_by_type` checks them), the jobs as one :class:`SameJobs` (a
+    :class:`NewJob` made per job only if read), else new_jobs's. ``ids`` as there."""
+    first = submissions[0] if submissions else None
+    if first is None or not plain(first) or not _all_plain(submissions, first.type):
+        return new_jobs(registry, submissions, now, traceparent, submitted_by, ids)
+    try:
+        job_type = registry.get(first.type)
+        checked, texts = job_type.validate_many_text([s.payload for s in submissions])
+    except Exception:  # whatever it is, new_jobs raises it for the first bad job, in order
+        return new_jobs(registry, submissions, now, traceparent, submitted_by, ids)
+    if None in texts:  # checked one by one, a text not written: new_jobs writes it
+        return new_jobs(registry, submissions, now, traceparent, submitted_by, ids)
+    written = cast(list[str], texts)  # none of them None (above)
+    n = len(submissions)
+    job_ids = new_ids(now, n) if ids is None else list(islice(ids, n))
+    fields = _defaults(job_type)
+    template = _built(job_ids[0], first, checked[0], fields, traceparent, submitted_by)
+    template.payload_text = written[0]
+    return SameJobs(template, job_ids, checked, written)
+
+
+def _all_plain(submissions: Sequence[Submission], name: str) -> bool:
+    """Whether every submission is a :func:`plain` one of type ``name``."""
+    return all(
+        s.type == name
+        and s.id is None
+        and s.queue is None
+        and s.priority is None
+        and s.run_at is None
+        and s.delay is None
+        and s.max_attempts is None
+        and s.timeout is None
+        and s.unique_key is None
+        and s.tenant is None
+        and not s.depends_on
+        and s.concurrency_key is None
+        for s in submissions
+    )
 
 
 def plain(s: Submission) -> bool:

@@ -29,11 +29,12 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app._gcpause import collector_paused
-from conveyor.app._stream import streamable, submit_streamed
+from conveyor.app._stream import inserted_handles, streamable, submit_streamed
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._submit import plain as _plain
 from conveyor.app._submit import plain_job as _plain_job
+from conveyor.app._submit import streamed_jobs as _streamed_jobs
 from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
@@ -63,7 +64,7 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
-from conveyor.core.ids import new_id, qualify
+from conveyor.core.ids import new_id, new_ids, qualify
 from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
@@ -77,6 +78,7 @@ from conveyor.observe import tracing
 from conveyor.observe.hooks import AttemptEnded, AttemptStarted, Hooks
 from conveyor.observe.metrics import Metrics
 from conveyor.store import (
+    Inserted,
     JobPageQuery,
     LeaseRecord,
     Pooling,
@@ -403,11 +405,16 @@ class Conveyor:
             store = self._stores.get(asyncio.get_running_loop())  # open already?
             if store is not None and streamable(submissions, connection):
                 now, parent = self._wallclock(), tracing.current_traceparent()
+                # The batch's ids made together, in order (see new_ids), and taken by its
+                # chunks in turn (each prepared once, in order).
+                ids = iter(new_ids(now, len(submissions)))
                 streamed = await submit_streamed(
                     store,
                     submissions,
-                    lambda part: _new_jobs(self.registry, part, now, parent, "local"),
+                    lambda part: _streamed_jobs(self.registry, part, now, parent, "local", ids),
                 )
+                if isinstance(streamed, Inserted):
+                    return inserted_handles(self, self.metrics, streamed)
                 if streamed is not None:
                     return self.handles(*streamed)
             new_jobs = self.prepare(submissions)

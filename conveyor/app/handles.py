@@ -12,8 +12,9 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
@@ -22,7 +23,16 @@ from conveyor.app import blocking
 from conveyor.core.durations import Duration
 from conveyor.core.ids import qualify
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import JSON, Attempt, Job, Progress, TreeCounts, as_utc
+from conveyor.core.model import (
+    JSON,
+    Attempt,
+    Job,
+    NewJob,
+    Progress,
+    SameJobs,
+    TreeCounts,
+    as_utc,
+)
 from conveyor.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -217,6 +227,40 @@ class JobHandle(JobView):
         from conveyor.web import accepted
 
         return accepted(self.record, prefix=prefix, location=location, headers=headers)
+
+
+class InsertedHandle(JobHandle):
+    """A handle on a job a batch's submit has just inserted (``jobs[index]``), its record
+    made from the job as submitted when first read.
+
+    A large batch's handles are mostly never read, and a :class:`Job` made per job cost
+    the client more than the rest of its submit. Once made, the record is an attribute
+    like any handle's (``refresh`` replaces it).
+    """
+
+    def __init__(
+        self,
+        app: JobSource,
+        jobs: Sequence[NewJob],
+        index: int,
+        run_at: datetime,
+        created_at: datetime,
+    ) -> None:
+        self._app = app
+        self._inserted = (jobs, index, run_at, created_at)
+
+    @functools.cached_property
+    def record(self) -> Job:  # type: ignore[override]
+        jobs, index, run_at, created_at = self._inserted
+        if isinstance(jobs, SameJobs):
+            return jobs.stored(index, Status.QUEUED, run_at, created_at)
+        return jobs[index].stored(Status.QUEUED, run_at, created_at)
+
+    @property
+    def id(self) -> str:
+        # Without making the record: the one field an application often reads of each.
+        jobs, index = self._inserted[0], self._inserted[1]
+        return jobs.ids[index] if isinstance(jobs, SameJobs) else jobs[index].id
 
 
 # A lease's token and owner are the worker's business: a holder of them could settle it.

@@ -38,6 +38,30 @@ class Submitted:
     created: bool
 
 
+@dataclass(slots=True)
+class Inserted:
+    """Jobs a store has just inserted as they were submitted, all of them created and
+    queued: the chunks of jobs it took, each job's run time and their one creation time.
+
+    What a large batch's COPY returns (PostgreSQL): a :class:`Submitted` and a
+    :class:`Job` per job cost the client more than the rest of the job's submit, and a
+    batch's handles are mostly never read, so they are made from this when asked for.
+    """
+
+    chunks: list[Sequence[NewJob]]
+    run_at: list[datetime]
+    created_at: datetime
+
+    def submitted(self) -> list[Submitted]:
+        """The jobs as :meth:`SubmitStore.submit` returns them."""
+        queued, created_at = Status.QUEUED, self.created_at
+        jobs = [job for chunk in self.chunks for job in chunk]
+        return [
+            Submitted(job.stored(queued, run_at, created_at), created=True)
+            for job, run_at in zip(jobs, self.run_at, strict=True)
+        ]
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A lease a worker holds: the job and its fencing token."""

@@ -8,7 +8,7 @@ import random
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -17,9 +17,19 @@ from conveyor.core.retry import pause_after_failures
 from conveyor.errors import ConfigurationError, DatabaseUnavailable
 
 if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
     from conveyor.store.postgres.backend import PostgresStore
 
 log = logging.getLogger("conveyor.store.postgres")
+
+T = TypeVar("T")
+
+# How long an operation waits for a pooled connection. A restart of the server takes a
+# few seconds: operations made meanwhile wait for it rather than fail.
+ACQUIRE_TIMEOUT = 5.0
+# How often an operation runs when its connection was dead or its transaction deadlocked.
+ATTEMPTS = 3
 
 # psycopg_pool logs a warning for every connection it discards and every reconnection
 # attempt: a restart of the server would flood each worker's log. For conveyor's own
@@ -56,6 +66,26 @@ CONNECTION_DEFAULTS = {
     "keepalives_count": "3",
     "application_name": "conveyor",
 }
+
+
+def retrying(
+    pool: ConnectionPool[psycopg.Connection[Any]], work: Callable[[psycopg.Connection[Any]], T]
+) -> T:
+    """Run ``work`` on a pooled blocking connection, again after a deadlock or a dead
+    idle connection (see :meth:`PostgresStore._run`)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        with pool.connection(timeout=ACQUIRE_TIMEOUT) as conn:
+            try:
+                return work(conn)
+            except psycopg.errors.DeadlockDetected:
+                if attempt == ATTEMPTS:
+                    raise
+                continue
+            except psycopg.OperationalError:
+                if attempt == ATTEMPTS or not conn.broken:
+                    raise
+        pool.check()
+    raise AssertionError("not reached")
 
 
 def redact(url: str) -> str:

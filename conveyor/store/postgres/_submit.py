@@ -21,7 +21,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import ACTIVE, Status, dependency_event
-from conveyor.core.model import NewJob
+from conveyor.core.model import NewJob, SameJobs
 from conveyor.errors import ConfigurationError
 from conveyor.store._rows import STATUS, SUBMITTED, Kind, job_writer
 from conveyor.store.postgres._codec import (
@@ -32,7 +32,7 @@ from conveyor.store.postgres._codec import (
     run_script_async,
     utc,
 )
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Inserted, Submitted
 from conveyor.store.scripts import Script, check_dependencies, check_same_tenant
 
 T = TypeVar("T")
@@ -136,14 +136,16 @@ COPY_MIN = 50
 # COPY writes the submitted columns but those a copyable batch leaves empty (unique keys,
 # dependencies), and the status and times the store decides. Each job's own values come
 # first, then the ones a batch's jobs usually share (written once per distinct set: see
-# copy_jobs).
+# copy_chunks).
 _COPIED = tuple(c for c in SUBMITTED if c.name not in ("unique_key", "depends_on"))
-# The payload is written from its text (NewJob.payload_text, or encoded here): see copy_jobs.
-_OWN = tuple(c for c in _COPIED if c.name in ("id", "state"))
-_SHARED = tuple(c for c in _COPIED if c not in _OWN and c.name != "payload")
+# A row starts with the job's id and its payload, written from its text (NewJob.payload_text,
+# or encoded here): the rows of a SameJobs chunk differ only there (see copy_chunks).
+_OWN = tuple(c for c in _COPIED if c.name == "state")
+_SHARED = tuple(c for c in _COPIED if c.name not in ("id", "payload", "state"))
 _COPY_COLUMNS = (
-    *(c.name for c in _OWN),
+    "id",
     "payload",
+    *(c.name for c in _OWN),
     "run_at",
     *(c.name for c in _SHARED),
     "status",
@@ -156,7 +158,7 @@ _COPY = f"COPY conveyor_jobs ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
 
 
 def copyable(jobs: Sequence[NewJob]) -> bool:
-    """Whether ``jobs`` may be written with :func:`copy_jobs`: a large batch with nothing
+    """Whether ``jobs`` may be written with :func:`copy_chunks`: a large batch with nothing
     that needs ON CONFLICT but their ids (a taken id makes the COPY fail; see there)."""
     return len(jobs) >= COPY_MIN and not any(j.unique_key or j.depends_on for j in jobs)
 
@@ -176,8 +178,8 @@ def _copy_text(value: str | None) -> str:
     return value
 
 
-# A row's parts in COPY's text format, written from the job row's declaration
-# (conveyor/store/_rows.py): its own values and run time, then the shared part.
+# A row's parts in COPY's text format after its id and payload, written from the job row's
+# declaration (conveyor/store/_rows.py): its own values and run time, then the shared part.
 _COPY_WRITES = {
     Kind.TEXT: "text({})",
     Kind.INT: "int({})",
@@ -187,8 +189,8 @@ _COPY_WRITES = {
 }
 _COPY_NAMES = {"text": _copy_text, "compact": compact, "NULL": "\\N"}
 _own_text = job_writer(
-    _COPY_WRITES, _COPY_NAMES, columns=_OWN, after=("payload", "run_at", "rest"), form="copy",
-    null="NULL", end="",
+    _COPY_WRITES, _COPY_NAMES, columns=_OWN, after=("run_at", "rest"), form="copy", null="NULL",
+    end="",
 )  # fmt: skip
 _shared_text = job_writer(
     _COPY_WRITES, _COPY_NAMES, columns=_SHARED, after=("status", "created_at"), form="copy",
@@ -203,7 +205,7 @@ def copy_slices(jobs: Sequence[NewJob]) -> list[Sequence[NewJob]]:
 
 def copy_chunks(
     conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
-) -> list[Submitted] | None:
+) -> Inserted | None:
     """Insert the queued jobs of ``chunks`` with COPY, as the submit INSERT would.
 
     On a connection in autocommit (the store's), the COPY is a transaction of its own:
@@ -223,9 +225,12 @@ def copy_chunks(
     which the jobs of a batch usually share (type, queue, options, submitter...): that
     part is formatted once for each distinct set of values. The payload is the text the
     submit's check wrote (``payload_text``) where it kept it, rather than encoded again.
+    A chunk of jobs that differ only in id and payload (:class:`SameJobs`) has the rest of
+    its rows written once, and no :class:`NewJob` made per job.
 
     Should ``chunks`` raise (a bad payload further on), the COPY is abandoned and nothing
-    is stored: it is one statement in one transaction.
+    is stored: it is one statement in one transaction. What was inserted is returned as
+    one record (:class:`Inserted`), with no :class:`Job` made per job.
     """
     try:
         return _copy_chunks(conn, chunks, now)
@@ -235,10 +240,21 @@ def copy_chunks(
 
 def _copy_chunks(
     conn: psycopg.Connection[Any], chunks: Iterable[Sequence[NewJob]], now: datetime | None
-) -> list[Submitted]:
-    results = []
+) -> Inserted:
+    copied: list[Sequence[NewJob]] = []
+    run_ats: list[datetime] = []
     shared: dict[tuple[Any, ...], str] = {}
-    own_text, shared_text, queued, text = _own_text, _shared_text, Status.QUEUED, _copy_text
+    text = _copy_text
+
+    def rest_of(job: NewJob, run_at_text: str) -> str:
+        """A row after its id and payload."""
+        key = _shared_fields(job)
+        rest = shared.get(key)
+        if rest is None:
+            rest = shared[key] = _shared_text(job, "queued", created_text)
+        row: str = _own_text(job, run_at_text, rest)
+        return row
+
     with conn.cursor(row_factory=tuple_row) as cursor:
         if now is None:
             ((now,),) = cursor.execute("SELECT now()").fetchall()
@@ -247,25 +263,34 @@ def _copy_chunks(
         with cursor.copy(_COPY) as copy:
             for chunk in chunks:
                 lines: list[str] = []
-                for j in chunk:
-                    if j.run_at is None and not j.delay:
-                        run_at, run_at_text = created, created_text
-                    else:
-                        run_at = (
-                            utc(j.run_at)
-                            if j.run_at is not None
-                            else created + timedelta(seconds=j.delay)
-                        )
-                        run_at_text = run_at.isoformat()
-                    key = _shared_fields(j)
-                    rest = shared.get(key)
-                    if rest is None:
-                        rest = shared[key] = shared_text(j, "queued", created_text)
-                    lines.append(own_text(j, text(j.payload_json()), run_at_text, rest))
-                    results.append(Submitted(j.stored(queued, run_at, created), created=True))
+                if isinstance(chunk, SameJobs):
+                    run_at, run_at_text = _run_at(chunk.template, created, created_text)
+                    tail = rest_of(chunk.template, run_at_text)
+                    # New ids are base32 digits, with nothing COPY's text format escapes.
+                    lines = [
+                        f"{i}\t{text(p)}\t{tail}"
+                        for i, p in zip(chunk.ids, chunk.texts, strict=True)
+                    ]
+                    run_ats.extend([run_at] * len(chunk))
+                else:
+                    for j in chunk:
+                        run_at, run_at_text = _run_at(j, created, created_text)
+                        payload = text(j.payload_json())
+                        lines.append(f"{text(j.id)}\t{payload}\t{rest_of(j, run_at_text)}")
+                        run_ats.append(run_at)
+                copied.append(chunk)
                 if lines:
                     copy.write("".join(lines))
-    return results
+    return Inserted(copied, run_ats, created)
+
+
+def _run_at(job: NewJob, created: datetime, created_text: str) -> tuple[datetime, str]:
+    """A copied job's run time, and as COPY text: its batch's creation time unless the
+    job sets one or a delay."""
+    if job.run_at is None and not job.delay:
+        return created, created_text
+    run_at = utc(job.run_at) if job.run_at is not None else created + timedelta(seconds=job.delay)
+    return run_at, run_at.isoformat()
 
 
 def _insert_batch(

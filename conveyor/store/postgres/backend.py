@@ -55,6 +55,8 @@ from conveyor.store.postgres._codec import (
     utc,
 )
 from conveyor.store.postgres._connection import (
+    ACQUIRE_TIMEOUT,
+    ATTEMPTS,
     OUR_CONNECTIONS,
     QUIET_POOLS,
     advice,
@@ -62,6 +64,7 @@ from conveyor.store.postgres._connection import (
     parse_postgres_url,
     reason,
     redact,
+    retrying,
 )
 from conveyor.store.postgres._dialect import DIALECT
 from conveyor.store.postgres._errors import translated
@@ -69,17 +72,12 @@ from conveyor.store.postgres._lane import OneJobSubmits
 from conveyor.store.postgres._migrations import apply_migrations, schema_version
 from conveyor.store.postgres._pooler import Route, Wakeups
 from conveyor.store.postgres._settle import Settles
-from conveyor.store.postgres._submit import (
-    ApplicationSubmits,
-    copy_chunks,
-    copy_slices,
-    copyable,
-    submit_one_now,
-    submit_steps,
-)
+from conveyor.store.postgres._submit import ApplicationSubmits
+from conveyor.store.postgres._submitter import Submitter
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
+    Inserted,
     JobPageQuery,
     Lease,
     Limits,
@@ -97,9 +95,6 @@ log = logging.getLogger("conveyor.store.postgres")
 _MIGRATIONS = load_migrations("conveyor.store.postgres")
 
 
-# How long an operation waits for a pooled connection. A restart of the server takes a
-# few seconds: operations made meanwhile wait for it rather than fail.
-_ACQUIRE_TIMEOUT = 5.0
 _POOL_MIN = 1
 _POOL_MAX = 10
 # Transactions run on this many threads, each with a connection of the transaction pool
@@ -113,28 +108,8 @@ _HEARTBEAT_MARGIN_FRACTION = 1 / 6
 _HEARTBEAT_MARGIN_CAP = 2.0
 # A heartbeat of more leases than this is planned each time rather than prepared.
 _PREPARED_BEAT_MAX = 50
-# How often an operation runs when its connection was dead or its transaction deadlocked.
-_ATTEMPTS = 3
 
 __all__ = ["PostgresStore", "parse_postgres_url"]
-
-
-def _retrying(pool: ConnectionPool[SyncConnection], work: Callable[[SyncConnection], T]) -> T:
-    """Run ``work`` on a pooled blocking connection, again after a deadlock or a dead
-    idle connection (see :meth:`PostgresStore._run`)."""
-    for attempt in range(1, _ATTEMPTS + 1):
-        with pool.connection(timeout=_ACQUIRE_TIMEOUT) as conn:
-            try:
-                return work(conn)
-            except psycopg.errors.DeadlockDetected:
-                if attempt == _ATTEMPTS:
-                    raise
-                continue
-            except psycopg.OperationalError:
-                if attempt == _ATTEMPTS or not conn.broken:
-                    raise
-        pool.check()
-    raise AssertionError("not reached")
 
 
 class PostgresStore(ScriptedOps, SharedReads):
@@ -174,10 +149,19 @@ class PostgresStore(ScriptedOps, SharedReads):
         self._wakeups = Wakeups(self._route, self._connect, self._where)
         self._pool_name = f"conveyor-{id(self):x}"
         self._reconnecting = False
-        self._on_application = ApplicationSubmits(self._database)
         # The lane prepares its INSERT once per session: not through a transaction pooler.
         self._one_job = OneJobSubmits(
             self._connect, self._run, self._where, lane=not self._route.pooled
+        )
+        self._submitter = Submitter(
+            lane=self._one_job,
+            on_application=ApplicationSubmits(self._database),
+            read=self._read,
+            script=self._script,
+            transaction=self._transaction,
+            tx_pool=lambda: self._tx_pool,
+            now=self._now,
+            where=self._where,
         )
         self._settles = Settles(self._transaction, self._now)
 
@@ -204,7 +188,7 @@ class PostgresStore(ScriptedOps, SharedReads):
         return DatabaseUnavailable(f"cannot connect to {self._where()}: {why}. {advice(why)}")
 
     async def _run(
-        self, work: Callable[[Connection], Awaitable[T]], *, timeout: float = _ACQUIRE_TIMEOUT
+        self, work: Callable[[Connection], Awaitable[T]], *, timeout: float = ACQUIRE_TIMEOUT
     ) -> T:
         """Run ``work`` on a pooled connection.
 
@@ -219,16 +203,16 @@ class PostgresStore(ScriptedOps, SharedReads):
         if pool is None:
             raise RuntimeError("the store is not open: call open() first")
         with translated(self._where):
-            for attempt in range(1, _ATTEMPTS + 1):
+            for attempt in range(1, ATTEMPTS + 1):
                 async with pool.connection(timeout=timeout) as conn:
                     try:
                         return await work(conn)
                     except psycopg.errors.DeadlockDetected:
-                        if attempt == _ATTEMPTS:
+                        if attempt == ATTEMPTS:
                             raise
                         continue
                     except psycopg.OperationalError:
-                        if attempt == _ATTEMPTS or not conn.broken:
+                        if attempt == ATTEMPTS or not conn.broken:
                             raise
                 self._check_pool(pool)
         raise AssertionError("not reached")
@@ -258,7 +242,7 @@ class PostgresStore(ScriptedOps, SharedReads):
                 return work(conn)
 
         def run() -> T:
-            result = _retrying(pool, attempt_once)
+            result = retrying(pool, attempt_once)
             if then is not None:
                 then(result)
             return result
@@ -355,7 +339,7 @@ class PostgresStore(ScriptedOps, SharedReads):
             kwargs={"autocommit": True, "row_factory": dict_row, **self._kwargs},
             min_size=_POOL_MIN,
             max_size=self._pool_size,
-            timeout=_ACQUIRE_TIMEOUT,
+            timeout=ACQUIRE_TIMEOUT,
             name=self._pool_name,
             configure=self._connected,
             open=False,
@@ -406,7 +390,7 @@ class PostgresStore(ScriptedOps, SharedReads):
             kwargs={"autocommit": True, "row_factory": dict_row, **self._kwargs},
             min_size=0,
             max_size=_TX_POOL_MAX,
-            timeout=_ACQUIRE_TIMEOUT,
+            timeout=ACQUIRE_TIMEOUT,
             name=f"{self._pool_name}-tx",
             configure=self._connected_sync,
             open=True,
@@ -483,24 +467,7 @@ class PostgresStore(ScriptedOps, SharedReads):
         did not open. An autocommit connection gets a transaction (or a savepoint inside
         one already open) of its own.
         """
-        if not jobs:
-            return []
-        if connection is None:
-            # New steps for each try: a retry after a lost connection starts over.
-            if len(jobs) == 1 and not jobs[0].depends_on:
-                # One job is one autocommit INSERT, one round trip. Should its id or
-                # unique key be taken, it writes nothing and the general steps that
-                # follow (their INSERT again a no-op) find the holder.
-                job, now = jobs[0], self._now()
-                one = await self._one_job.submit(job, now)
-                if one is not None:
-                    return [one]
-                return await self._read(lambda: submit_steps(jobs, None))
-            # COPY, unless an id is taken (None): then the INSERT below returns its job.
-            if copyable(jobs) and (copied := await self.copy_prepared(copy_slices(jobs))):
-                return copied
-            return await self._script(lambda: submit_steps(jobs, None))
-        return await self._on_application.submit(connection, jobs, self._now())
+        return await self._submitter.submit(jobs, connection)
 
     def submit_now(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
@@ -512,31 +479,21 @@ class PostgresStore(ScriptedOps, SharedReads):
         in autocommit on a connection of the store's transaction pool. None, with nothing
         written, for anything else (several jobs, a taken id or unique key, a store not
         open): then ask :meth:`submit`."""
-        if not jobs:
-            return None
-        if connection is not None:
-            return self._on_application.submit_now(connection, jobs, self._now())
-        pool = self._tx_pool
-        if pool is None or len(jobs) != 1 or jobs[0].depends_on:
-            return None
-        job, now = jobs[0], self._now()
-        with translated(self._where):
-            one = _retrying(pool, lambda conn: submit_one_now(conn, job, now))
-        return None if one is None else [one]
+        return self._submitter.submit_now(jobs, connection)
 
-    async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> list[Submitted] | None:
+    async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> Inserted | None:
         """Insert the queued jobs of ``chunks`` with one COPY (``_submit.copy_chunks``),
         the chunks taken one after the other on the store's thread, each sent before the
         next is asked for: prepared as they are asked for, a batch is checked while the
         server inserts its first rows. Jobs without unique keys or dependencies only.
+        Returns what was inserted as one record, its :class:`Job` per job made only if
+        asked for (:meth:`Inserted.submitted`).
 
         None: an id was taken, and nothing was stored (submit the batch the usual way).
         Should ``chunks`` raise, nothing is stored and the error is raised. After a lost
         connection the COPY runs again: ``chunks`` must then give the same jobs again.
         """
-        return await self._transaction(
-            lambda conn: copy_chunks(conn, chunks, self._now()), atomic=False
-        )
+        return await self._submitter.copy_prepared(chunks)
 
     async def _database(self) -> tuple[str, datetime]:
         """This store's database: its name and its server's start time (read each time: a
