@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.web import create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 
 playwright_api = pytest.importorskip("playwright.async_api")
@@ -30,7 +29,7 @@ async def test_docs_work_offline_behind_a_token(tmp_path: Path) -> None:
     _, secret = await app.create_token(tenant="acme", role="read")
     elsewhere: list[str] = []
     problems: list[str] = []
-    with serving(app, create_api(app)) as server:
+    with serving(app, api_for_tests(app)) as server:
         async with playwright_api.async_playwright() as p:
             browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True)
             try:

@@ -19,8 +19,7 @@ from conveyor.core.auth import format_token, hash_secret
 from conveyor.errors import ConfigurationError, TokenNotFound
 from conveyor.store.postgres import backend as postgres
 from conveyor.store.sqlite import backend as sqlite
-from conveyor.web import create_api
-from tests.apiserver import serving
+from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
 from tests.helpers import eventually
 
@@ -148,7 +147,7 @@ async def test_cli_reads_the_token_from_the_environment_or_a_file(
     file = tmp_path / "token"
     file.write_text(secret + "\n")
     served = build(db_url)  # the server's own instance: it runs on a loop of its own
-    with serving(served, create_api(served)) as server:
+    with serving(served, api_for_tests(served)) as server:
         url = server.base_url
         by_file = await run("jobs", "list", "--json", "--url", url, "--token-file", str(file))
         assert by_file.returncode == 0, by_file.stderr
