@@ -117,9 +117,9 @@ def streamed_jobs(
     one type's :func:`plain` jobs, their payloads checked together (as
     :func:`payloads_by_type` checks them), the jobs as one :class:`SameJobs` (a
     :class:`NewJob` made per job only if read), else new_jobs's. ``ids`` as there."""
-    first = submissions[0] if submissions else None
-    if first is None or not plain(first) or not _all_plain(submissions, first.type):
+    if not submissions or not _all_plain(submissions, submissions[0].type):
         return new_jobs(registry, submissions, now, traceparent, submitted_by, ids)
+    first = submissions[0]
     try:
         job_type = registry.get(first.type)
         checked, texts = job_type.validate_many_text([s.payload for s in submissions])
@@ -138,21 +138,7 @@ def streamed_jobs(
 
 def _all_plain(submissions: Sequence[Submission], name: str) -> bool:
     """Whether every submission is a :func:`plain` one of type ``name``."""
-    return all(
-        s.type == name
-        and s.id is None
-        and s.queue is None
-        and s.priority is None
-        and s.run_at is None
-        and s.delay is None
-        and s.max_attempts is None
-        and s.timeout is None
-        and s.unique_key is None
-        and s.tenant is None
-        and not s.depends_on
-        and s.concurrency_key is None
-        for s in submissions
-    )
+    return all(s.type == name and plain(s) for s in submissions)
 
 
 def plain(s: Submission) -> bool:

@@ -64,7 +64,7 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
-from conveyor.core.ids import new_id, new_ids, qualify
+from conveyor.core.ids import new_id, new_ids_when_asked, qualify
 from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
@@ -406,8 +406,9 @@ class Conveyor:
             if store is not None and streamable(submissions, connection):
                 now, parent = self._wallclock(), tracing.current_traceparent()
                 # The batch's ids made together, in order (see new_ids), and taken by its
-                # chunks in turn (each prepared once, in order).
-                ids = iter(new_ids(now, len(submissions)))
+                # chunks in turn (each prepared once, in order); none made if the store
+                # does not stream (SQLite: the usual way below makes them).
+                ids = new_ids_when_asked(now, len(submissions))
                 streamed = await submit_streamed(
                     store,
                     submissions,
