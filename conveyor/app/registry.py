@@ -8,15 +8,21 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import pydantic
+from typing import TYPE_CHECKING, Any
 
 from conveyor.core.auth import Principal
 from conveyor.core.durations import Duration, seconds
 from conveyor.core.jsontext import plain_text, strict_compact, strict_compact_each
 from conveyor.core.retry import Backoff
 from conveyor.errors import ConfigurationError, InvalidPayload, UnknownJobType
+
+if TYPE_CHECKING:
+    import pydantic
+else:
+    # Imported with the first payload model (_import_pydantic): a worker whose handlers
+    # take JSON's plain values runs its jobs without pydantic, and its start-up does not
+    # wait the quarter of a second pydantic's import and first model cost.
+    pydantic = None
 
 Handler = Callable[..., Any]
 # May the principal submit this payload? False or an exception refuses; may be async.
@@ -132,10 +138,15 @@ class JobType:
         self._fields, self._extra = _payload_fields(fn, options.name)
         # A handler of ctx alone, called with an empty payload: nothing to validate.
         self._takes_nothing = not self._fields
-        # Arguments are checked now, so that a handler pydantic cannot check fails at
-        # registration; a handler of ctx alone builds its model only when a payload
-        # comes (a worker's start-up does not wait for pydantic's model machinery).
-        self._model = None if self._takes_nothing else self._build_model()
+        # A handler of JSON's plain values (see _plain_fields): its stored payloads are
+        # its arguments as they are, and pydantic can check every such signature.
+        self._plain = _plain_fields(self._fields)
+        # Other arguments are checked now, so that a handler pydantic cannot check fails
+        # at registration; the others build their model only when a payload is to be
+        # checked (a worker's start-up does not wait for pydantic's model machinery).
+        self._model = None
+        if not self._takes_nothing and self._plain is None:
+            self._model = self._build_model()
         if options.isolation == "process":
             importable_name(fn, options.name)
 
@@ -147,6 +158,7 @@ class JobType:
         return self._model
 
     def _build_model(self) -> type[pydantic.BaseModel]:
+        _import_pydantic()
         config = pydantic.ConfigDict(extra=self._extra, arbitrary_types_allowed=True)  # type: ignore[typeddict-item]
         try:
             model: type[pydantic.BaseModel] = pydantic.create_model(
@@ -250,12 +262,17 @@ class JobType:
 
     @functools.cached_property
     def _many(self) -> pydantic.TypeAdapter[list[Any]]:
-        return pydantic.TypeAdapter(list[self.model])  # type: ignore[name-defined]
+        model = self.model  # first: it imports pydantic
+        return pydantic.TypeAdapter(list[model])  # type: ignore[valid-type]
 
     def arguments(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Return the keyword arguments to call the handler with, from a stored payload."""
         if not payload and self._takes_nothing:
             return {}
+        if self._plain is not None:
+            arguments = _as_stored(payload, *self._plain)
+            if arguments is not None:
+                return arguments
         try:
             # The model's validator itself, as model_validate calls it (with its defaults):
             # a no-op job's arguments cost 6 us through model_validate and getattr per
@@ -338,6 +355,78 @@ def _errors(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
         {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
         for e in exc.errors()
     ]
+
+
+def _import_pydantic() -> None:
+    """Bind this module's ``pydantic`` to the module, importing it the first time."""
+    if pydantic is None:
+        import pydantic as module
+
+        globals()["pydantic"] = module
+
+
+# The annotations whose values pydantic hands a handler exactly as JSON decodes them, when
+# they are of that very type: a str is the str, an int (not a bool) the int, a float the
+# float, a bool the bool; Any (or no annotation) anything. None: any type.
+_AS_DECODED: dict[object, type | None] = {str: str, int: int, float: float, bool: bool, Any: None}
+_PLAIN_DEFAULTS = (str, int, float, bool, type(None))
+_MISSING = object()
+
+
+def _plain_fields(
+    fields: Mapping[str, tuple[Any, Any]],
+) -> tuple[dict[str, type | None], dict[str, Any]] | None:
+    """Each argument's type and the defaults, when every argument is a plain value
+    (:data:`_AS_DECODED`) with an immutable default if any, under a name pydantic takes
+    as a field (not ``_private``, not ``model_config``); None otherwise.
+
+    >>> _plain_fields({"n": (int, ...), "label": (str, "x")})
+    ({'n': <class 'int'>, 'label': <class 'str'>}, {'label': 'x'})
+    >>> _plain_fields({"when": (list, ...)}) is None
+    True
+    """
+    kinds: dict[str, type | None] = {}
+    defaults: dict[str, Any] = {}
+    for name, (annotation, default) in fields.items():
+        try:
+            kind = _AS_DECODED[annotation]
+        except (KeyError, TypeError):  # TypeError: an annotation that cannot be hashed
+            return None
+        if name.startswith("_") or name == "model_config":
+            return None
+        kinds[name] = kind
+        if default is not ...:
+            if type(default) not in _PLAIN_DEFAULTS:
+                return None
+            defaults[name] = default
+    return kinds, defaults
+
+
+def _as_stored(
+    payload: Mapping[str, Any], kinds: dict[str, type | None], defaults: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A plain handler's arguments from a stored payload, as its model would give them,
+    or None when the payload is not exactly that: an argument missing with no default, a
+    value of another type (an int for a float, which pydantic converts), an unknown key.
+    None sends the payload through the model, which converts or says what is wrong.
+
+    >>> _as_stored({"n": 1}, {"n": int, "label": str}, {"label": "x"})
+    {'label': 'x', 'n': 1}
+    >>> _as_stored({"n": True}, {"n": int}, {}) is None
+    True
+    """
+    arguments = dict(payload)
+    if len(arguments) != len(kinds):
+        if not defaults or len(arguments) > len(kinds):
+            return None
+        arguments = defaults | arguments
+        if len(arguments) != len(kinds):
+            return None
+    for name, kind in kinds.items():
+        value = arguments.get(name, _MISSING)
+        if value is _MISSING or (kind is not None and type(value) is not kind):
+            return None
+    return arguments
 
 
 def _payload_fields(fn: Handler, name: str) -> tuple[dict[str, Any], str]:

@@ -1,0 +1,190 @@
+"""A handler's arguments from a stored payload: the plain handlers' way without pydantic
+gives exactly what the payload model gives, and a worker of plain handlers never imports
+pydantic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from conveyor import JobContext, Status
+from conveyor.app.registry import JobOptions, JobType, _plain_fields
+from conveyor.errors import InvalidPayload
+from tests.processes import WorkerProcesses, wait_exit
+
+
+def _job_type(fn: Any) -> JobType:
+    return JobType(fn, JobOptions(name=fn.__name__))
+
+
+def plain(
+    ctx: JobContext,
+    s: str,
+    n: int,
+    x: float,
+    b: bool,
+    anything,  # no annotation: Any
+    d: int = 3,
+    label: str = "x",
+    maybe: Any = None,
+) -> None: ...
+
+
+def plain_with_kwargs(ctx: JobContext, n: int, **rest: Any) -> None: ...
+
+
+FULL = {"s": "a", "n": 1, "x": 1.5, "b": True, "anything": [1, {"k": None}]}
+PAYLOADS = [
+    FULL,
+    FULL | {"d": 4, "label": "y", "maybe": {"deep": [1]}},
+    FULL | {"x": 2},  # an int for a float: the model converts it
+    FULL | {"n": True},  # a bool for an int
+    FULL | {"n": 1.0},  # a whole float for an int
+    FULL | {"n": "5"},  # a numeric string for an int
+    FULL | {"x": "1.5"},
+    FULL | {"s": 5},
+    FULL | {"b": 1},
+    FULL | {"b": "true"},
+    FULL | {"s": None},
+    FULL | {"d": None},
+    FULL | {"unknown": 1},
+    {k: v for k, v in FULL.items() if k != "n"},  # a required argument missing
+    {k: v for k, v in FULL.items() if k != "anything"},
+    {},
+]
+
+
+def _through_the_model(job_type: JobType, payload: dict[str, Any]) -> dict[str, Any] | str:
+    """What the payload model makes of ``payload``: the arguments, or the error's text."""
+    import pydantic
+
+    try:
+        model = job_type.model.__pydantic_validator__.validate_python(dict(payload))
+    except pydantic.ValidationError as exc:
+        return f"invalid: {exc.error_count()} errors"
+    return dict(model.__dict__) | (model.__pydantic_extra__ or {})
+
+
+def _arguments(job_type: JobType, payload: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        return job_type.arguments(payload)
+    except InvalidPayload as exc:
+        return f"invalid: {len(exc.errors)} errors"
+
+
+@pytest.mark.parametrize("payload", PAYLOADS, ids=range(len(PAYLOADS)))
+def test_a_plain_handlers_arguments_are_what_its_model_gives(payload: dict[str, Any]) -> None:
+    job_type = _job_type(plain)
+    got = _arguments(job_type, payload)
+    expected = _through_the_model(job_type, payload)
+    assert got == expected
+    if isinstance(got, dict):  # the same values, of the same types
+        assert {k: type(v) for k, v in got.items()} == {
+            k: type(v)
+            for k, v in expected.items()  # type: ignore[union-attr]
+        }
+
+
+@pytest.mark.parametrize(
+    "payload", [{"n": 1}, {"n": 1, "extra": "kept"}, {"n": "1", "extra": 2}, {"extra": 1}]
+)
+def test_a_plain_handler_with_kwargs_takes_the_models_extra_arguments(
+    payload: dict[str, Any],
+) -> None:
+    job_type = _job_type(plain_with_kwargs)
+    assert _arguments(job_type, payload) == _through_the_model(job_type, payload)
+
+
+def test_the_arguments_are_a_new_dict_each_time() -> None:
+    job_type = _job_type(plain)
+    stored = dict(FULL)
+    arguments = job_type.arguments(stored)
+    arguments["s"] = "changed"
+    assert stored == FULL
+    assert job_type.arguments({**FULL})["d"] == 3
+
+
+def test_which_signatures_are_plain() -> None:
+    def fields(**annotated: Any) -> dict[str, tuple[Any, Any]]:
+        return {name: (annotation, ...) for name, annotation in annotated.items()}
+
+    assert _plain_fields(fields(a=str, b=int, c=float, d=bool, e=Any)) is not None
+    # Anything pydantic converts or that a JSON value does not hold as it is: the model.
+    for annotation in (list, dict, list[int], dict[str, int], int | None, datetime, bytes, object):
+        assert _plain_fields(fields(a=annotation)) is None, annotation
+    # Names pydantic does not take as fields, and a default pydantic would share.
+    assert _plain_fields(fields(_private=int)) is None
+    assert _plain_fields(fields(model_config=int)) is None
+    assert _plain_fields({"a": (Any, [])}) is None
+    assert _plain_fields({"a": (int, 1), "b": (str, None)}) == (
+        {"a": int, "b": str},
+        {"a": 1, "b": None},
+    )
+
+
+IMPORTS = """
+import sys
+from conveyor import Conveyor
+app = Conveyor("sqlite:///unused.db")
+@app.job()
+def plain(ctx, n: int, x: float = 1.0) -> None: ...
+job_type = app.registry.get("plain")
+print(job_type.arguments({"n": 1}), "pydantic" in sys.modules)
+print(job_type.arguments({"n": 1.0}), "pydantic" in sys.modules)
+"""
+
+OTHER = """
+import sys
+from datetime import datetime
+from conveyor import Conveyor
+app = Conveyor("sqlite:///unused.db")
+@app.job()
+def dated(ctx, when: datetime) -> None: ...
+print("pydantic" in sys.modules)
+"""
+
+
+def test_plain_handlers_are_registered_and_called_without_pydantic(tmp_path: Any) -> None:
+    # A fresh interpreter: this one has pydantic loaded. Only a payload the stored value
+    # does not fit (1.0 for an int) brings in the model, and pydantic with it.
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.splitlines() == ["{'x': 1.0, 'n': 1} False", "{'n': 1, 'x': 1.0} True"]
+
+
+def test_other_handlers_build_their_model_at_registration(tmp_path: Any) -> None:
+    # So that a signature pydantic cannot check fails when the handler is registered.
+    out = subprocess.run(
+        [sys.executable, "-c", OTHER], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "True"
+
+
+@pytest.mark.processes
+async def test_a_worker_of_plain_handlers_runs_their_jobs_without_pydantic(
+    db_url: str, workers: WorkerProcesses
+) -> None:
+    from tests.apps import plain as plain_app
+
+    app = plain_app.app
+    app.url = db_url
+    await app.migrate()
+    try:
+        scaled = await app.submit("scale", {"x": 1.5})
+        flagged = await app.submit("flag", {"on": True})
+        converted = await app.submit("scale", {"x": 2, "factor": 3})  # stored as 2.0
+        proc = workers.start("--burst", app="tests.apps.plain:app")
+        assert await wait_exit(proc, 60) == 0, workers.log(0)
+        for handle in (scaled, flagged, converted):
+            await handle.refresh()
+            assert handle.status is Status.SUCCEEDED, workers.log(0)
+        assert scaled.result == {"value": 3.0, "label": "scaled", "pydantic": False}
+        assert flagged.result == {"on": True, "pydantic": False}
+        assert converted.result == {"value": 6.0, "label": "scaled", "pydantic": False}
+    finally:
+        await app.close()
