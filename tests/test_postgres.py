@@ -761,3 +761,39 @@ async def test_a_parent_left_waiting_by_a_settle_that_died_before_deciding_is_en
     done = await store.get("parent")
     assert done is not None and done.status is Status.SUCCEEDED
     assert await store.get("parent.on_complete") is not None
+
+
+TEXTS = [
+    "a",
+    None,
+    'say "hi"',
+    "back\\slash",
+    '\\"',
+    "NULL",
+    "null",
+    "{,}",
+    " spaced ",
+    "é ü 中 🙂",
+    "line\nbreak\ttab",
+    "",
+    "x" * 5000,
+]
+NUMBERS = [1, None, 2.5, float("inf"), -float("inf"), 1e-07, 2**62, 0.1 + 0.2, -0.0]
+
+
+def test_a_batchs_arrays_read_back_as_they_were_passed(url: str) -> None:
+    # A settle's and a heartbeat's columns go as PostgreSQL's text form of an array, made
+    # in _codec: every text, however quoted, and every float come back exactly.
+    from conveyor.store.postgres._codec import bool_array, number_array, text_array
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        texts = conn.execute("SELECT %s::text[]", [text_array(TEXTS)]).fetchone()
+        floats = conn.execute("SELECT %s::float8[]", [number_array(NUMBERS)]).fetchone()
+        ints = conn.execute("SELECT %s::bigint[]", [number_array([1, 2**62, None])]).fetchone()
+        flags = conn.execute("SELECT %s::boolean[]", [bool_array([True, False])]).fetchone()
+        nan = conn.execute("SELECT %s::float8[]", [number_array([float("nan")])]).fetchone()
+    assert texts == (TEXTS,)
+    assert floats == ([None if n is None else float(n) for n in NUMBERS],)
+    assert ints == ([1, 2**62, None],)
+    assert flags == ([True, False],)
+    assert nan is not None and nan[0][0] != nan[0][0]  # NaN

@@ -6,8 +6,9 @@ None unless the clock is pinned, and the queries then use the server's ``now()``
 
 from __future__ import annotations
 
+import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -147,14 +148,69 @@ def heartbeat_params(
         "worker_id": worker_id,
         "lease": float(lease),
         "now": now,
-        "ids": [k.job_id for k in keys],
-        "tokens": [k.token for k in keys],
-        "renew": [k in held for k in keys],
-        "done": [float(progress[k].done) if k in progress else None for k in keys],
-        "total": [as_float(progress[k].total) if k in progress else None for k in keys],
-        "message": [progress[k].message if k in progress else None for k in keys],
+        "ids": text_array([k.job_id for k in keys]),
+        "tokens": number_array([k.token for k in keys]),
+        "renew": bool_array([k in held for k in keys]),
+        "done": number_array([float(progress[k].done) if k in progress else None for k in keys]),
+        "total": number_array(
+            [as_float(progress[k].total) if k in progress else None for k in keys]
+        ),
+        "message": text_array([progress[k].message if k in progress else None for k in keys]),
     }
 
 
 def as_float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+# Arrays of a batch (a settle's, a heartbeat's) are passed as PostgreSQL's text form of an
+# array, which the query casts (%(ids)s::text[]): psycopg's list dumper adapts each element
+# in Python, 8 ms of client CPU for a settle of 1,000 jobs's twelve arrays; joined here,
+# 1.5 ms. Each text is quoted, with its backslashes and double quotes escaped, so any text
+# reads back as itself ("NULL" too); None is the unquoted NULL.
+
+
+def text_array(values: Iterable[str | None]) -> str:
+    r"""PostgreSQL's text form of a one-dimensional array of ``values`` (texts or None).
+
+    >>> print(text_array(["a", None, 'say "hi"', "back\\slash", "NULL", "{,}"]))
+    {"a",NULL,"say \"hi\"","back\\slash","NULL","{,}"}
+    >>> text_array([])
+    '{}'
+    """
+    return "{" + ",".join([_quoted(v) for v in values]) + "}"
+
+
+def _quoted(value: str | None) -> str:
+    if value is None:
+        return "NULL"
+    if "\\" in value or '"' in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
+
+
+def number_array(values: Iterable[float | None]) -> str:
+    """PostgreSQL's text form of a one-dimensional array of numbers (ints, floats or
+    None), for a ``bigint[]`` or ``float8[]`` cast.
+
+    >>> number_array([1, None, 2.5, float("inf"), -float("inf"), 1e-07])
+    '{1,NULL,2.5,Infinity,-Infinity,1e-07}'
+    """
+    return "{" + ",".join([_number(v) for v in values]) + "}"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "NULL"
+    if type(value) is float and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return repr(value)
+
+
+def bool_array(values: Iterable[bool]) -> str:
+    """PostgreSQL's text form of a one-dimensional array of booleans.
+
+    >>> bool_array([True, False])
+    '{t,f}'
+    """
+    return "{" + ",".join(["t" if v else "f" for v in values]) + "}"

@@ -46,7 +46,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import Settlement
 from conveyor.store import scripts
 from conveyor.store._rows import STATUS
-from conveyor.store.postgres._codec import Q, as_float, run_script
+from conveyor.store.postgres._codec import Q, as_float, number_array, run_script, text_array
 from conveyor.store.postgres._dialect import DIALECT
 from conveyor.store.scripts import dumps
 
@@ -64,21 +64,24 @@ class Transaction(Protocol):
 def settle_params(
     settlements: Sequence[Settlement], now: datetime | None, decided: bool
 ) -> dict[str, Any]:
+    """A settle's parameters: a column of the batch in each array (see ``text_array``)."""
     return {
         "now": now,
         "decided": decided,
-        "ids": [s.job_id for s in settlements],
-        "tokens": [s.token for s in settlements],
-        "statuses": [s.status.value for s in settlements],
-        "outcomes": [s.outcome.value if s.outcome else None for s in settlements],
-        "results": [dumps(s.result) for s in settlements],
-        "result_refs": [s.result_ref for s in settlements],
-        "errors": [s.error for s in settlements],
-        "tracebacks": [s.traceback for s in settlements],
-        "retry_delays": [float(s.retry_delay) for s in settlements],
-        "done": [float(s.progress.done) if s.progress else None for s in settlements],
-        "total": [as_float(s.progress.total) if s.progress else None for s in settlements],
-        "message": [s.progress.message if s.progress else None for s in settlements],
+        "ids": text_array([s.job_id for s in settlements]),
+        "tokens": number_array([s.token for s in settlements]),
+        "statuses": text_array([s.status.value for s in settlements]),
+        "outcomes": text_array([s.outcome.value if s.outcome else None for s in settlements]),
+        "results": text_array([dumps(s.result) for s in settlements]),
+        "result_refs": text_array([s.result_ref for s in settlements]),
+        "errors": text_array([s.error for s in settlements]),
+        "tracebacks": text_array([s.traceback for s in settlements]),
+        "retry_delays": number_array([float(s.retry_delay) for s in settlements]),
+        "done": number_array([float(s.progress.done) if s.progress else None for s in settlements]),
+        "total": number_array(
+            [as_float(s.progress.total) if s.progress else None for s in settlements]
+        ),
+        "message": text_array([s.progress.message if s.progress else None for s in settlements]),
     }
 
 
