@@ -1,6 +1,6 @@
-"""A large plain batch on PostgreSQL is prepared a chunk at a time inside its one COPY
-(app/_stream.py): it must give the answers of the usual way, on every backend, and a bad
-payload anywhere in it stores nothing."""
+"""A large plain batch is prepared a chunk at a time (app/_stream.py), inside its one COPY on
+PostgreSQL and before its one transaction on SQLite: it must give the answers of the usual
+way, on every backend, and a bad payload anywhere in it stores nothing."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def test_a_large_batch_is_stored_whole_with_its_handles_in_order(app: Conv
     store = await app.store()
     copy_prepared = getattr(store, "copy_prepared", None)
     streamed: list[int] = []
-    if copy_prepared is not None:  # PostgreSQL's
+    if copy_prepared is not None:  # every store's, today
 
         async def spy(chunks: PreparedChunks) -> Any:
             streamed.append(1)
@@ -82,6 +82,23 @@ async def test_a_bad_payload_late_in_the_batch_stores_nothing(app: Conveyor) -> 
         await app.submit_many(batch)
     assert await _count(app) == 1
     assert len(await app.submit_many(batch[:777])) == 777  # the store still works
+
+
+async def test_a_streamed_batch_with_a_taken_id_stores_nothing_and_says_so(app: Conveyor) -> None:
+    # The store's answer (None) sends the batch the usual way, which finds the job.
+    from tests.helpers import new
+
+    _typed(app)
+    await app.submit("typed", {"n": -1}, id="taken")
+    store = await app.store()
+    chunks = [[new(f"fresh-{i}", type="typed", payload={"n": i}) for i in range(3)]]
+    chunks.append([new("taken", type="typed", payload={"n": 9})])
+    assert await store.copy_prepared(chunks) is None  # type: ignore[attr-defined]
+    assert await _count(app) == 1
+    inserted = await store.copy_prepared(chunks[:1])  # type: ignore[attr-defined]
+    assert inserted is not None and len(inserted.run_at) == 3
+    assert [s.job.id for s in inserted.submitted()] == ["fresh-0", "fresh-1", "fresh-2"]
+    assert await _count(app) == 4
 
 
 def test_a_retried_copy_gets_the_same_jobs_again() -> None:

@@ -25,9 +25,9 @@ from typing import Any
 
 from conveyor.core.jsontext import compact
 from conveyor.core.lifecycle import Status
-from conveyor.core.model import NewJob
+from conveyor.core.model import NewJob, SameJobs
 from conveyor.store._rows import SUBMITTED, Kind, job_writer, sets_sparse
-from conveyor.store.protocol import Submitted
+from conveyor.store.protocol import Inserted, Submitted
 from conveyor.store.sqlite._codec import epoch
 
 # The columns a job binds, from the job row's declaration (a job with dependencies takes
@@ -50,6 +50,11 @@ _plain_values = job_writer(
 )
 _sparse_values = job_writer(_WRITES, {"compact": compact}, columns=_SPARSE_COLUMNS, form="tuple")
 _sets_sparse = sets_sparse(_BOUND)
+# A row's id comes first and its payload after the other plain columns (insert_chunks
+# puts each job's own there, around its chunk's template's values).
+_PAYLOAD = _PLAIN.index("payload")
+if _PLAIN[0] != "id":
+    raise RuntimeError("insert_chunks binds a row's id first")
 _MOST_ROWS = 512  # per statement; the statements take 512, 256, ... 1 rows
 
 
@@ -65,24 +70,8 @@ def insert_plain(
     values: list[Any] = []
     for job, run_at in zip(jobs, run_ats, strict=True):
         values += _row(job, run_at, now, full)
-    columns = _FULL if full else _PLAIN
-    width = len(columns)
-    most = min(_MOST_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
-    conn.execute("SAVEPOINT conveyor_insert_plain")
-    try:
-        inserted, start = 0, 0
-        while start < len(jobs):
-            rows = _rows(len(jobs) - start, most)
-            params = values[start * width : (start + rows) * width]
-            inserted += conn.execute(_statement(columns, rows), params).rowcount
-            start += rows
-    except BaseException:
-        _undo(conn)
-        raise
-    if inserted != len(jobs):
-        _undo(conn)
+    if not _insert_rows(conn, _FULL if full else _PLAIN, values, len(jobs)):
         return None
-    conn.execute("RELEASE conveyor_insert_plain")
     # Jobs submitted together share their times: one datetime for each distinct one.
     times: dict[float, datetime] = {}
     created_at = times[now] = datetime.fromtimestamp(now, UTC)
@@ -93,6 +82,75 @@ def insert_plain(
             due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
         results.append(Submitted(job.stored(Status.QUEUED, due, created_at), created=True))
     return results
+
+
+def insert_chunks(
+    conn: sqlite3.Connection, chunks: Sequence[Sequence[NewJob]], now: float
+) -> Inserted | None:
+    """Insert a large batch's prepared chunks (``app/_stream.py``: plain jobs without
+    dependencies, ids or unique keys) submitted at ``now``, in the caller's transaction,
+    as :func:`insert_plain` inserts jobs; None, with nothing written, unless every one of
+    them was created. Returns them as one :class:`Inserted`, whose handles make their
+    jobs' records when read.
+
+    A chunk of one type's jobs (:class:`SameJobs`) binds its template's values, read
+    once, around each job's id and payload text: no job is made for it.
+    """
+    full = any(_sets_sparse((c.template,) if isinstance(c, SameJobs) else c) for c in chunks)
+    columns = _FULL if full else _PLAIN
+    values: list[Any] = []
+    run_ats: list[float] = []
+    for chunk in chunks:
+        if isinstance(chunk, SameJobs):
+            template = chunk.template
+            run_at = _run_at(template, now)
+            row = _row(template, run_at, now, full)
+            before, after = row[1:_PAYLOAD], row[_PAYLOAD + 1 :]
+            for job_id, text in zip(chunk.ids, chunk.texts, strict=True):
+                values.append(job_id)
+                values += before
+                values.append(text)
+                values += after
+            run_ats += [run_at] * len(chunk)
+        else:
+            for job in chunk:
+                run_at = _run_at(job, now)
+                values += _row(job, run_at, now, full)
+                run_ats.append(run_at)
+    if not _insert_rows(conn, columns, values, len(run_ats)):
+        return None
+    times: dict[float, datetime] = {}
+    created_at = times[now] = datetime.fromtimestamp(now, UTC)
+    for run_at in run_ats:
+        if run_at not in times:
+            times[run_at] = datetime.fromtimestamp(run_at, UTC)
+    return Inserted(list(chunks), [times[r] for r in run_ats], created_at)
+
+
+def _insert_rows(
+    conn: sqlite3.Connection, columns: tuple[str, ...], values: list[Any], count: int
+) -> bool:
+    """Insert ``count`` rows of ``columns`` (``values``, row after row) in statements of
+    512, 256, ... rows; False, with nothing written, unless every row was inserted (an id
+    or active unique key was taken, or repeated)."""
+    width = len(columns)
+    most = min(_MOST_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
+    conn.execute("SAVEPOINT conveyor_insert_plain")
+    try:
+        inserted, start = 0, 0
+        while start < count:
+            rows = _rows(count - start, most)
+            params = values[start * width : (start + rows) * width]
+            inserted += conn.execute(_statement(columns, rows), params).rowcount
+            start += rows
+    except BaseException:
+        _undo(conn)
+        raise
+    if inserted != count:
+        _undo(conn)
+        return False
+    conn.execute("RELEASE conveyor_insert_plain")
+    return True
 
 
 def insert_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:

@@ -29,6 +29,7 @@ from conveyor.store._scripted import ScriptedOps
 from conveyor.store.protocol import (
     AuditEntry,
     Beat,
+    Inserted,
     JobPageQuery,
     Lease,
     Limits,
@@ -46,7 +47,7 @@ from conveyor.store.sqlite._codec import (
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
-from conveyor.store.sqlite._submit import insert_one, insert_plain
+from conveyor.store.sqlite._submit import insert_chunks, insert_one, insert_plain
 from conveyor.store.sqlite._watcher import Watcher
 from conveyor.store.sqlite._writer import GroupWriter, StoreThread
 
@@ -310,6 +311,22 @@ class SQLiteStore(ScriptedOps, SharedReads):
         with translated(self.path):
             done, submitted = writer.write_now(self._submitter(jobs))
         return submitted if done else None
+
+    async def copy_prepared(self, chunks: Iterable[Sequence[NewJob]]) -> Inserted | None:
+        """Insert a large batch of plain jobs prepared a chunk at a time
+        (``app/_stream.py``) in one transaction, as one :class:`Inserted`; None, with
+        nothing written, if an id was taken (then :meth:`submit` finds its job).
+
+        The chunks are prepared here, on the caller's thread, before the write: SQLite
+        has one writer, and preparing them inside the transaction would hold every other
+        process's writes back for the time the payloads' checks take.
+        """
+        prepared = list(chunks)
+
+        def insert(conn: sqlite3.Connection) -> Inserted | None:
+            return insert_chunks(conn, prepared, self._clock())
+
+        return await self._write(insert)
 
     def _submitter(self, jobs: Sequence[NewJob]) -> Callable[[sqlite3.Connection], list[Submitted]]:
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
