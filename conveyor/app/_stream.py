@@ -9,6 +9,11 @@ the one before. The COPY is one statement in one transaction, so a bad payload f
 stores nothing, and the error raised is the first bad job's, as ``prepare`` raises it.
 The COPY returns what it inserted as one record (:class:`~conveyor.store.Inserted`), and
 the batch's handles make their jobs' records when first read (:func:`inserted_handles`).
+
+SQLite's store takes the same chunks (``SQLiteStore.copy_prepared``), prepared before its
+one transaction rather than inside it (one writer: other processes' writes would wait
+on the checks), for the rest: a chunk of one type's jobs bound without a job made for
+each, and one :class:`~conveyor.store.Inserted` for the batch.
 """
 
 from __future__ import annotations
