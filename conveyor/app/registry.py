@@ -193,11 +193,12 @@ class JobType:
         # plain_text: the common flat payload is checked in a fraction of the full walk.
         if not plain_text(given):
             _check_json_text(self.name, given)
+        model_class = self.model  # before the try: its except names pydantic, imported here
         try:
             if strict:
                 as_json = json.dumps(_integral(dict(payload)))
-                self.model.model_validate_json(as_json, strict=True)
-            model = self.model.model_validate(given)
+                model_class.model_validate_json(as_json, strict=True)
+            model = model_class.model_validate(given)
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
         try:
@@ -273,11 +274,12 @@ class JobType:
             arguments = _as_stored(payload, *self._plain)
             if arguments is not None:
                 return arguments
+        validator = self.model.__pydantic_validator__  # before the try, as in validate_text
         try:
             # The model's validator itself, as model_validate calls it (with its defaults):
             # a no-op job's arguments cost 6 us through model_validate and getattr per
             # field, 2 this way, and a worker builds them for every job it runs.
-            model = self.model.__pydantic_validator__.validate_python(dict(payload))
+            model = validator.validate_python(dict(payload))
         except pydantic.ValidationError as exc:
             raise InvalidPayload(self.name, _describe(exc), _errors(exc)) from None
         # A model instance keeps its fields' values in its __dict__ (pydantic's storage),
