@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -135,3 +137,45 @@ class WorkerProcesses:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def freeze_between_writes(proc: subprocess.Popen[bytes], url: str, job_id: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no lock that a write of ``job_id`` needs.
+
+    A worker stopped inside one of its own transactions (a heartbeat, a rescue pass: with
+    the tests' short lease and intervals, one runs every few hundred milliseconds) keeps
+    its locks while stopped: SQLite's write lock, or PostgreSQL's lock on the job's row.
+    Whoever writes next (a cancel, another worker's rescue) would then wait for a process
+    that never goes on, which is not what the tests that freeze a worker are about. So:
+    stop it, look, and if it holds one, let it go on a moment and stop it again.
+    """
+    for _ in range(100):
+        proc.send_signal(signal.SIGSTOP)
+        if _nothing_held(url, job_id):
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.03)
+    raise AssertionError("the worker held a write lock at every one of 100 stops")
+
+
+def _nothing_held(url: str, job_id: str) -> bool:
+    """Whether a writer could take the job at once: SQLite's write lock is free, or
+    PostgreSQL's lock on the job's row is."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url) as pg:  # the row lock, if taken, ends with the transaction
+        try:
+            pg.execute("SELECT 1 FROM conveyor_jobs WHERE id = %s FOR UPDATE NOWAIT", [job_id])
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False

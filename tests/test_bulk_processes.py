@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import Conveyor, JobHandle, JobNotFound, Outcome, Status
 from conveyor.core.model import TreeCounts
-from tests.processes import FAST, WorkerProcesses
+from tests.processes import FAST, WorkerProcesses, freeze_between_writes
 
 pytestmark = pytest.mark.processes
 
@@ -22,7 +22,7 @@ async def test_a_cancel_asked_before_its_worker_is_killed_ends_the_job_cancelled
     first = workers.start(*FAST)
     workers.wait_for_record("start", job.id, pid=first.pid)
     # Frozen, the worker cannot hear the cancel; then it dies without acting on it.
-    first.send_signal(signal.SIGSTOP)
+    freeze_between_writes(first, workers.direct_url, job.id)
     asked = await procs_app.cancel(job.id, reason="not needed any more")
     assert (asked.status, asked.record.cancel_requested) == (Status.RUNNING, True)
     first.send_signal(signal.SIGKILL)

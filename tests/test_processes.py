@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conveyor import Conveyor, Outcome, Status, Submission
-from tests.processes import FAST, WorkerProcesses, wait_exit
+from tests.processes import FAST, WorkerProcesses, freeze_between_writes, wait_exit
 
 pytestmark = pytest.mark.processes
 
@@ -88,7 +88,7 @@ async def test_a_stopped_zombie_cannot_complete_the_job(
     job = await procs_app.submit("sleepy", {"seconds": 2})
     zombie = workers.start(*FAST)
     workers.wait_for_record("start", job.id, pid=zombie.pid)
-    zombie.send_signal(signal.SIGSTOP)
+    freeze_between_writes(zombie, workers.direct_url, job.id)
     try:
         rescuer = workers.start(*FAST)
         workers.wait_for_record("start", job.id, pid=rescuer.pid, timeout=30)
