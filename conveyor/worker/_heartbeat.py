@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from conveyor.core.model import Progress
@@ -53,6 +53,7 @@ class Heartbeat(threading.Thread):
         self.on_fenced = on_fenced  # these leases may run out before a renewal can come
         self.on_cancel_requested = on_cancel_requested
         self._stop_event = threading.Event()
+        self._opened = False  # the store: see _open
         self.interval = self.lease / 3
         self.progress_interval = min(1.0, self.interval)
 
@@ -61,14 +62,25 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         loop = asyncio.new_event_loop()
-        store = _OpenedWhenFirstUsed(self.new_store())
+        store = self.new_store()
         try:
             self._beat_forever(loop, store)
         finally:
-            loop.run_until_complete(store.close())
+            if self._opened:
+                loop.run_until_complete(store.close())
             loop.close()
 
-    def _beat_forever(self, loop: asyncio.AbstractEventLoop, store: _OpenedWhenFirstUsed) -> None:
+    def _open(self, loop: asyncio.AbstractEventLoop, store: Store, tick: float) -> None:
+        """Open the heartbeat's store, once: when the worker first holds a lease, not at
+        its start. A worker's start-up then makes only its own connections (its first
+        claim and jobs do not share the process with this store's schema check and pool:
+        about 0.15 s of spawn to first job on PostgreSQL), and a store that cannot be
+        opened is a failed beat, tried again at the next one like any other."""
+        if not self._opened:
+            self._send_beat(loop, store.open(), tick)
+            self._opened = True
+
+    def _beat_forever(self, loop: asyncio.AbstractEventLoop, store: Store) -> None:
         last_beat = time.monotonic()
         last_progress = 0.0
         failures = 0
@@ -81,11 +93,11 @@ class Heartbeat(threading.Thread):
             # Wake for the next beat when it is due, not at the tick after: a beat late by
             # a tick would leave a run that much less of its lease to ride out an outage.
             wait = min(until_fence(runs, now, tick), max(0.005, last_beat + interval - now))
-            if runs and not store.opened:
+            if runs and not self._opened:
                 # Connect once there is a lease to renew: its first beat is then due a
                 # third of a lease later. A failure here is the first beat's to report.
                 with contextlib.suppress(Exception):
-                    self._send_beat(loop, store.open(), tick)
+                    self._open(loop, store, tick)
             stale = any(now - r.renewed_at >= r.lease / 3 for r in runs if not r.done)
             progress_due = (
                 self.leases.has_progress() and now - last_progress >= self.progress_interval
@@ -96,6 +108,7 @@ class Heartbeat(threading.Thread):
             progress = self.leases.take_progress()
             started = time.monotonic()
             try:
+                self._open(loop, store, tick)
                 beat = self._send_beat(
                     loop,
                     store.heartbeat(
@@ -174,44 +187,3 @@ class Heartbeat(threading.Thread):
                 self.loop.call_soon_threadsafe(self.on_fenced, expired)
             except RuntimeError:
                 pass
-
-
-class _OpenedWhenFirstUsed:
-    """The heartbeat's store, opened once the worker holds a lease rather than at its start.
-
-    A worker's start-up then makes only its own connections: its first claim and first
-    jobs no longer share the process with the heartbeat's schema check and pool, which
-    took about 0.15 s of spawn to first job on PostgreSQL. A store that cannot be opened
-    is a failed beat, tried again at the next one like any other (it used to end the
-    heartbeat for the worker's life).
-    """
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._opened = False
-
-    @property
-    def opened(self) -> bool:
-        return self._opened
-
-    async def open(self) -> None:
-        if not self._opened:
-            await self._store.open()
-            self._opened = True
-
-    async def heartbeat(
-        self,
-        *,
-        worker_id: str,
-        leases: Sequence[Lease],
-        lease: float,
-        progress: Mapping[Lease, Progress],
-    ) -> Beat:
-        await self.open()
-        return await self._store.heartbeat(
-            worker_id=worker_id, leases=leases, lease=lease, progress=progress
-        )
-
-    async def close(self) -> None:
-        if self._opened:
-            await self._store.close()

@@ -77,15 +77,28 @@ def retrying(
         with pool.connection(timeout=ACQUIRE_TIMEOUT) as conn:
             try:
                 return work(conn)
-            except psycopg.errors.DeadlockDetected:
-                if attempt == ATTEMPTS:
+            except psycopg.Error as exc:
+                if not may_run_again(exc, conn, attempt):
                     raise
-                continue
-            except psycopg.OperationalError:
-                if attempt == ATTEMPTS or not conn.broken:
-                    raise
-        pool.check()
+        if conn.broken:
+            pool.check()
     raise AssertionError("not reached")
+
+
+def may_run_again(
+    exc: psycopg.Error,
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    attempt: int,
+) -> bool:
+    """Whether work that raised ``exc`` on ``conn`` at its ``attempt``-th try may run once
+    more (both retry loops: :func:`retrying`, :meth:`PostgresStore._run`): a transaction
+    the server broke to end a lock cycle, or a connection that had died while idle (then
+    the pool's other idle ones are checked first); never past :data:`ATTEMPTS`."""
+    if attempt >= ATTEMPTS:
+        return False
+    if isinstance(exc, psycopg.errors.DeadlockDetected):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and conn.broken
 
 
 def redact(url: str) -> str:

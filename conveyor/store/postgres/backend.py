@@ -61,6 +61,7 @@ from conveyor.store.postgres._connection import (
     QUIET_POOLS,
     advice,
     describe,
+    may_run_again,
     parse_postgres_url,
     reason,
     redact,
@@ -207,14 +208,11 @@ class PostgresStore(ScriptedOps, SharedReads):
                 async with pool.connection(timeout=timeout) as conn:
                     try:
                         return await work(conn)
-                    except psycopg.errors.DeadlockDetected:
-                        if attempt == ATTEMPTS:
+                    except psycopg.Error as exc:
+                        if not may_run_again(exc, conn, attempt):
                             raise
-                        continue
-                    except psycopg.OperationalError:
-                        if attempt == ATTEMPTS or not conn.broken:
-                            raise
-                self._check_pool(pool)
+                if conn.broken:
+                    self._check_pool(pool)
         raise AssertionError("not reached")
 
     async def _transaction(

@@ -72,16 +72,11 @@ def insert_plain(
         values += _row(job, run_at, now, full)
     if not _insert_rows(conn, _FULL if full else _PLAIN, values, len(jobs)):
         return None
-    # Jobs submitted together share their times: one datetime for each distinct one.
-    times: dict[float, datetime] = {}
-    created_at = times[now] = datetime.fromtimestamp(now, UTC)
-    results = []
-    for job, run_at in zip(jobs, run_ats, strict=True):
-        due = times.get(run_at)
-        if due is None:
-            due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
-        results.append(Submitted(job.stored(Status.QUEUED, due, created_at), created=True))
-    return results
+    created_at, dues = _times(now, run_ats)
+    return [
+        Submitted(job.stored(Status.QUEUED, due, created_at), created=True)
+        for job, due in zip(jobs, dues, strict=True)
+    ]
 
 
 def insert_chunks(
@@ -119,12 +114,22 @@ def insert_chunks(
                 run_ats.append(run_at)
     if not _insert_rows(conn, columns, values, len(run_ats)):
         return None
+    created_at, dues = _times(now, run_ats)
+    return Inserted(list(chunks), dues, created_at)
+
+
+def _times(now: float, run_ats: list[float]) -> tuple[datetime, list[datetime]]:
+    """A batch's creation time and each job's run time as datetimes: jobs submitted
+    together share their times, so one datetime is made for each distinct one."""
     times: dict[float, datetime] = {}
     created_at = times[now] = datetime.fromtimestamp(now, UTC)
+    dues = []
     for run_at in run_ats:
-        if run_at not in times:
-            times[run_at] = datetime.fromtimestamp(run_at, UTC)
-    return Inserted(list(chunks), [times[r] for r in run_ats], created_at)
+        due = times.get(run_at)
+        if due is None:
+            due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
+        dues.append(due)
+    return created_at, dues
 
 
 def _insert_rows(
