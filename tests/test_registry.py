@@ -13,6 +13,7 @@ import pytest
 
 from conveyor import JobContext, Status
 from conveyor.app.registry import JobOptions, JobType, _plain_fields
+from conveyor.core.jsontext import strict_compact
 from conveyor.errors import InvalidPayload
 from tests.processes import WorkerProcesses, wait_exit
 
@@ -87,6 +88,60 @@ def test_a_plain_handlers_arguments_are_what_its_model_gives(payload: dict[str, 
             k: type(v)
             for k, v in expected.items()  # type: ignore[union-attr]
         }
+
+
+FLAT = {"s": "a", "n": 1, "x": 1.5, "b": True, "anything": "z"}
+FLAT_PAYLOADS = [
+    FLAT,
+    {"anything": None, "b": False, "x": -0.0, "n": -7, "s": ""},  # another order
+    FLAT | {"d": 4, "label": "y", "maybe": 2.5},
+    FLAT | {"label": "x"},  # a default given: kept, as the model keeps what was set
+    FLAT | {"anything": 3, "maybe": None},
+    FLAT | {"s": "tab\tand\x01control"},
+    FLAT | {"x": 2},
+    FLAT | {"n": True},
+    FLAT | {"n": 1.0},
+    FLAT | {"n": "5"},
+    FLAT | {"s": 5},
+    FLAT | {"b": 1},
+    FLAT | {"s": None},
+    FLAT | {"d": None},
+    FLAT | {"unknown": 1},
+    {k: v for k, v in FLAT.items() if k != "n"},
+    {k: v for k, v in FLAT.items() if k != "anything"},
+    {"s": "a"},
+]
+
+
+def _checked_by_the_model(job_type: JobType, payload: dict[str, Any]) -> Any:
+    """What a submit's check makes of ``payload`` through the payload model alone: the
+    model's dump and its text, or the error's text."""
+    import pydantic
+
+    try:
+        data = job_type.model.model_validate(payload).model_dump(mode="json", exclude_unset=True)
+    except pydantic.ValidationError as exc:
+        return f"invalid: {exc.error_count()} errors"
+    return data, strict_compact(data)
+
+
+@pytest.mark.parametrize("payload", FLAT_PAYLOADS, ids=range(len(FLAT_PAYLOADS)))
+def test_a_plain_handlers_payload_is_checked_as_its_model_checks_it(
+    payload: dict[str, Any],
+) -> None:
+    """A submit's check of a plain handler's flat payload skips the model when the payload
+    is exactly its arguments: the same payload, text (key order too) and value types."""
+    job_type = _job_type(plain)
+    try:
+        got: Any = job_type.validate_text(payload)
+    except InvalidPayload as exc:
+        got = f"invalid: {len(exc.errors)} errors"
+    expected = _checked_by_the_model(job_type, payload)
+    assert got == expected
+    if isinstance(got, tuple):
+        assert [(k, type(v)) for k, v in got[0].items()] == [
+            (k, type(v)) for k, v in expected[0].items()
+        ]
 
 
 @pytest.mark.parametrize(

@@ -160,6 +160,56 @@ async def test_a_small_submit_skips_the_hand_off_only_while_the_stores_thread_is
     assert ran_on[2] != loop_thread
 
 
+async def test_a_task_submitting_one_job_after_another_writes_each_on_the_spot(
+    store: SQLiteStore, tmp_path: pathlib.Path
+) -> None:
+    """Issue 31: a small write of the task that asked the last one, with nothing queued,
+    commits in the caller's own step of the loop (no turn of the loop waited for); writes
+    of other tasks in one turn still share a transaction, and a file another connection
+    holds locked sends the write the usual way, which waits for the lock."""
+    loop = asyncio.get_running_loop()
+    await store.submit([new("first")])  # noted as the last to ask
+    groups, writes = _counts(store)
+    turns: list[int] = []
+    loop.call_soon(turns.append, 1)
+    await store.submit([new("second")])
+    await store.submit([new("third")])
+    assert turns == [], "the submits waited for a turn of the loop"
+    assert _counts(store) == (groups + 2, writes + 2)  # a transaction each, committed
+    with sqlite3.connect(tmp_path / "writes.db") as other:
+        (count,) = other.execute("SELECT count(*) FROM conveyor_jobs").fetchone()
+    assert count == 3
+    # Other tasks asking in one turn share one transaction, as before.
+    await asyncio.gather(*(store.submit([new(f"c{n}")]) for n in range(10)))
+    assert _counts(store) == (groups + 3, writes + 12)
+    # The same task again while another connection holds the write lock: its write goes
+    # the usual way, which waits for the lock, and commits once it is let go.
+    locked, asked = asyncio.Event(), asyncio.Event()
+
+    async def one_after_another() -> None:
+        await store.submit([new("mine-1")])
+        await store.submit([new("mine-2")])  # on the spot
+        await locked.wait()
+        asked.set()
+        await store.submit([new("mine-3")])
+
+    submitter = asyncio.ensure_future(one_after_another())
+    other = sqlite3.connect(tmp_path / "writes.db", isolation_level=None)
+    try:
+        while not await store.get("mine-2"):
+            await asyncio.sleep(0.001)
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        await asked.wait()
+        await asyncio.sleep(0.3)
+        assert not submitter.done(), "the write did not wait for the lock"
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    await asyncio.wait_for(submitter, 10)
+    assert await store.get("mine-3") is not None
+
+
 async def test_after_a_write_on_the_loops_thread_the_stores_thread_still_waits_for_the_lock(
     store: SQLiteStore, tmp_path: pathlib.Path
 ) -> None:

@@ -191,7 +191,14 @@ class JobType:
             return {}, None
         given = payload if type(payload) is dict else dict(payload)  # see validate_many_text
         # plain_text: the common flat payload is checked in a fraction of the full walk.
-        if not plain_text(given):
+        if plain_text(given):
+            if self._plain is not None and not strict:
+                # A plain handler's payload of exactly its arguments' types: what the
+                # model's check and dump give, without them (a third of the time).
+                data = _as_given(given, *self._plain)
+                if data is not None:
+                    return data, strict_compact(data)
+        else:
             _check_json_text(self.name, given)
         model_class = self.model  # before the try: its except names pydantic, imported here
         try:
@@ -429,6 +436,33 @@ def _as_stored(
         if value is _MISSING or (kind is not None and type(value) is not kind):
             return None
     return arguments
+
+
+def _as_given(
+    payload: dict[str, Any], kinds: dict[str, type | None], defaults: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A plain handler's payload (of :func:`plain_text`'s values) as its model checks and
+    dumps it, or None when the model must look: what the dump gives, the keys given in
+    the handler's order, each value as it is. None for an unknown key, a required
+    argument missing, or a value of another type than its argument's (an int for a
+    float, which the model converts, or a None it refuses).
+
+    >>> _as_given({"label": "y", "n": 1}, {"n": int, "label": str}, {"label": "x"})
+    {'n': 1, 'label': 'y'}
+    >>> _as_given({"n": 1.0}, {"n": int}, {}) is None
+    True
+    """
+    data = {}
+    for name, kind in kinds.items():
+        value = payload.get(name, _MISSING)
+        if value is _MISSING:
+            if name not in defaults:
+                return None
+        elif kind is None or type(value) is kind:
+            data[name] = value
+        else:
+            return None
+    return data if len(data) == len(payload) else None
 
 
 def _payload_fields(fn: Handler, name: str) -> tuple[dict[str, Any], str]:

@@ -23,6 +23,15 @@ there on the event loop's thread, which saves the two cross-thread wake-ups that
 more than the transaction itself. The loop waits for that one small transaction and its
 fsync, never for another process: ``BEGIN IMMEDIATE`` is tried with no busy timeout, and
 if the file is locked, or the store's thread busy, the group goes to the thread as any.
+
+A task that submits one job after another (a loop of ``await app.submit(...)``) gains
+nothing from waiting for the end of the turn: nobody else asked for a write meanwhile.
+So a small write whose task also asked the writer's last small write, with nothing
+queued, runs on the spot (:meth:`GroupWriter.write_now`, in the caller's step of the
+loop), and returns without the turn of the loop the others wait for. Writes of
+different tasks in one turn (concurrent requests of a web server, handlers submitting
+children) still share a transaction: the first of them after another task's write
+waits for the end of the turn like any.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -125,6 +135,8 @@ class GroupWriter:
         # watcher must not take the store's own commit for another connection's.
         self.commits_begun = 0
         self.commits_ended = 0
+        # The task that asked the last small write (here=True), if it still exists.
+        self._last_asker: weakref.ref[asyncio.Task[Any]] | None = None
 
     async def write(
         self,
@@ -135,6 +147,12 @@ class GroupWriter:
     ) -> T:
         """Run ``fn`` in a write transaction, with the writes asked during this loop turn
         (``here``: on this thread if it can, see the module's docstring)."""
+        if here and self._asked_last():
+            done, result = self.write_now(fn)
+            if done:
+                if then is not None:
+                    then(result)  # type: ignore[arg-type]
+                return result  # type: ignore[return-value]
         loop = asyncio.get_running_loop()
         write = _Write(fn, then, loop, here)
         with self._lock:
@@ -152,6 +170,16 @@ class GroupWriter:
             loop.call_soon(turn_over.set)
             self._send(turn_over)
         return await write.future
+
+    def _asked_last(self) -> bool:
+        """Whether the running task asked the last small write too and nothing is queued
+        (then this one may run on the spot); notes the task as the last to ask."""
+        task = asyncio.current_task()
+        last, self._last_asker = self._last_asker, None if task is None else weakref.ref(task)
+        if task is None or last is None or last() is not task:
+            return False
+        with self._lock:
+            return not self._queue and not self._sent
 
     def _send(self, turn_over: threading.Event) -> None:
         try:
