@@ -91,7 +91,7 @@ def test_a_plain_handlers_arguments_are_what_its_model_gives(payload: dict[str, 
 
 
 FLAT = {"s": "a", "n": 1, "x": 1.5, "b": True, "anything": "z"}
-FLAT_PAYLOADS = [
+FLAT_PAYLOADS: list[dict[str, Any]] = [
     FLAT,
     {"anything": None, "b": False, "x": -0.0, "n": -7, "s": ""},  # another order
     FLAT | {"d": 4, "label": "y", "maybe": 2.5},
@@ -144,6 +144,35 @@ def test_a_plain_handlers_payload_is_checked_as_its_model_checks_it(
         ]
 
 
+def test_a_plain_handlers_batch_is_checked_as_its_model_checks_it() -> None:
+    """A batch's check (submit_many) takes the same way: the payloads the model would keep
+    as they are need no model; a batch with any other goes through the model, which
+    converts them or raises for the first bad one."""
+    job_type = _job_type(plain)
+    for batch in (FLAT_PAYLOADS[:6], FLAT_PAYLOADS[:7], FLAT_PAYLOADS):
+        expected = [_checked_by_the_model(job_type, p) for p in batch]
+        try:
+            data, texts = job_type.validate_many_text(batch)
+        except InvalidPayload as exc:
+            first_bad = next(e for e in expected if isinstance(e, str))
+            assert first_bad == f"invalid: {len(exc.errors)} errors"
+            continue
+        assert list(zip(data, texts, strict=True)) == expected
+        for got, (want, _) in zip(data, expected, strict=True):
+            assert [(k, type(v)) for k, v in got.items()] == [(k, type(v)) for k, v in want.items()]
+
+
+def test_a_plain_handlers_exact_payloads_build_no_model() -> None:
+    """Payloads of exactly a plain handler's argument types, one or a batch, are checked
+    without its payload model, which is built only for a payload that needs it."""
+    job_type = _job_type(plain)
+    job_type.validate_text(FLAT)
+    job_type.validate_many_text([FLAT, FLAT_PAYLOADS[1]])
+    assert job_type._model is None
+    job_type.validate_text(FLAT | {"x": 2})  # an int for a float: the model converts it
+    assert job_type._model is not None
+
+
 @pytest.mark.parametrize(
     "payload", [{"n": 1}, {"n": 1, "extra": "kept"}, {"n": "1", "extra": 2}, {"extra": 1}]
 )
@@ -189,6 +218,8 @@ app = Conveyor("sqlite:///unused.db")
 def plain(ctx, n: int, x: float = 1.0) -> None: ...
 job_type = app.registry.get("plain")
 print(job_type.arguments({"n": 1}), "pydantic" in sys.modules)
+print(job_type.validate_text({"n": 2}), "pydantic" in sys.modules)
+print(job_type.validate_many_text([{"n": 3}, {"x": 0.5, "n": 4}]), "pydantic" in sys.modules)
 print(job_type.arguments({"n": 1.0}), "pydantic" in sys.modules)
 """
 
@@ -204,12 +235,18 @@ print("pydantic" in sys.modules)
 
 
 def test_plain_handlers_are_registered_and_called_without_pydantic(tmp_path: Any) -> None:
-    # A fresh interpreter: this one has pydantic loaded. Only a payload the stored value
+    # A fresh interpreter: this one has pydantic loaded. Submits' checks of payloads of
+    # exactly the arguments' types need no model either. Only a payload the stored value
     # does not fit (1.0 for an int) brings in the model, and pydantic with it.
     out = subprocess.run(
         [sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True, cwd=tmp_path
     )
-    assert out.stdout.splitlines() == ["{'x': 1.0, 'n': 1} False", "{'n': 1, 'x': 1.0} True"]
+    assert out.stdout.splitlines() == [
+        "{'x': 1.0, 'n': 1} False",
+        """({'n': 2}, '{"n":2}') False""",
+        """([{'n': 3}, {'n': 4, 'x': 0.5}], ['{"n":3}', '{"n":4,"x":0.5}']) False""",
+        "{'n': 1, 'x': 1.0} True",
+    ]
 
 
 def test_other_handlers_build_their_model_at_registration(tmp_path: Any) -> None:

@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.core.auth import Principal
 from conveyor.core.durations import Duration, seconds
@@ -245,6 +245,14 @@ class JobType:
         given = [p if type(p) is dict else dict(p) for p in payloads]  # type: ignore[call-overload]
         if not all(map(plain_text, given)):
             return self._one_by_one(payloads)
+        if self._plain is not None:
+            # A plain handler's payloads of exactly its arguments' types (validate_text):
+            # no model is built for them, nor run.
+            kinds, defaults = self._plain
+            as_given = [_as_given(p, kinds, defaults) for p in given]
+            if None not in as_given:
+                exact = cast(list[dict[str, Any]], as_given)
+                return exact, strict_compact_each(exact)
         try:
             models = self._many.validate_python(given)
             data: list[dict[str, Any]] = self._many.dump_python(
