@@ -2,10 +2,12 @@
 
 The loop is the bare transaction of a one-by-one submit, ``BEGIN IMMEDIATE``, one
 ``INSERT``, ``COMMIT``, with WAL and ``synchronous=FULL`` (an fsync at every commit), on
-three tables in three files of one directory: ``conveyor_jobs`` as conveyor's migrations
+five tables in five files of one directory: ``conveyor_jobs`` as conveyor's migrations
 make it; the same without its ``created_at`` and claim indexes (the two index entries
-every new job adds beside the row and its id's key); and SqliteHuey's own table (an
-integer key and one index). The variants take turns in blocks, so that the disk's drift
+every new job adds beside the row and its id's key); the same made ``WITHOUT ROWID``
+(the row stored in the id's b-tree: one b-tree fewer to write), with all its indexes
+and without the ``created_at`` one; and SqliteHuey's own table (an integer key and one
+index). The variants take turns in blocks, so that the disk's drift
 hits them alike; it prints each one's median, mean (what a loop's rate sees: it counts
 the checkpoints) and 90th percentile.
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import shutil
 import sqlite3
 import statistics
@@ -28,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conveyor import Conveyor
+from conveyor.core.ids import new_id
 
-_DIGITS = "0123456789abcdefghjkmnpqrstvwxyz"
 _INSERT_JOB = (
     "INSERT INTO conveyor_jobs (id, type, queue, payload, status, priority, attempt, "
     "max_attempts, run_at, created_at, backoff_base, backoff_cap) "
@@ -60,8 +61,8 @@ def _open(source: Path, name: str) -> sqlite3.Connection:
 
 
 def _insert_job(conn: sqlite3.Connection) -> None:
-    job_id = "01m8" + "".join(random.choices(_DIGITS, k=22))
     now = time.time()
+    job_id = new_id(now)  # as a submit makes it: in time order, so keys go in at one end
     values = (job_id, "noop", "default", '{"t": 1.5}', "queued", 0, 0, 3, now, now, 1.0, 300.0)
     conn.execute(_INSERT_JOB, values)
 
@@ -70,8 +71,28 @@ def _insert_task(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO task (queue, data, priority) VALUES (?, ?, ?)", ("q", b"x" * 120, 0))
 
 
+def _without_rowid(source: Path, name: str, *, drop: tuple[str, ...] = ()) -> sqlite3.Connection:
+    """``conveyor_jobs`` made again as a ``WITHOUT ROWID`` table (its id the b-tree's key,
+    no separate index of ids), with the same indexes but those named in ``drop``."""
+    conn = _open(source, name)
+    (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'conveyor_jobs'").fetchone()
+    indexes = [
+        sql
+        for index, sql in conn.execute(
+            "SELECT name, sql FROM sqlite_master "
+            "WHERE type = 'index' AND tbl_name = 'conveyor_jobs' AND sql IS NOT NULL"
+        )
+        if index.removeprefix("conveyor_jobs_") not in drop
+    ]
+    conn.execute("DROP TABLE conveyor_jobs")  # empty: nothing to copy
+    conn.execute(f"{table} WITHOUT ROWID")
+    for sql in indexes:
+        conn.execute(sql)
+    return conn
+
+
 def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., None]]]:
-    """The three tables, each in a file of its own, with the insert of one row."""
+    """The tables, each in a file of its own, with the insert of one row."""
     leaner = _open(source, "leaner")
     leaner.execute("DROP INDEX conveyor_jobs_created")
     leaner.execute("DROP INDEX conveyor_jobs_claim")
@@ -85,6 +106,14 @@ def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., 
     return {
         "conveyor_jobs, as migrated": (_open(source, "as_migrated"), _insert_job),
         "without the created_at and claim indexes": (leaner, _insert_job),
+        "WITHOUT ROWID (no separate id index)": (
+            _without_rowid(source, "without_rowid"),
+            _insert_job,
+        ),
+        "WITHOUT ROWID, without the created_at index": (
+            _without_rowid(source, "without_rowid_created", drop=("created",)),
+            _insert_job,
+        ),
         "huey's table (integer key, one index)": (huey, _insert_task),
     }
 
