@@ -194,7 +194,7 @@ class JobType:
         if plain_text(given):
             if self._plain is not None and not strict:
                 # A plain handler's payload of exactly its arguments' types: what the
-                # model's check and dump give, without them (a third of the time).
+                # model's check and dump give, without them (in half the time).
                 data = _as_given(given, *self._plain)
                 if data is not None:
                     return data, strict_compact(data)

@@ -28,10 +28,11 @@ A task that submits one job after another (a loop of ``await app.submit(...)``) 
 nothing from waiting for the end of the turn: nobody else asked for a write meanwhile.
 So a small write whose task also asked the writer's last small write, with nothing
 queued, runs on the spot (:meth:`GroupWriter.write_now`, in the caller's step of the
-loop), and returns without the turn of the loop the others wait for. Writes of
-different tasks in one turn (concurrent requests of a web server, handlers submitting
-children) still share a transaction: the first of them after another task's write
-waits for the end of the turn like any.
+loop), and returns without the turn of the loop the others wait for; that one write
+has its transaction to itself. Writes of different tasks in one turn (concurrent
+requests of a web server, handlers submitting children) still wait for the end of the
+turn and share a transaction, as does every write but a small one: a task's write after
+another task's is never on the spot.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from conveyor.store.sqlite._connection import BUSY_TIMEOUT_MS, release_wal
 from conveyor.store.sqlite._errors import disk_full, rollback
@@ -150,9 +151,10 @@ class GroupWriter:
         if here and self._asked_last():
             done, result = self.write_now(fn)
             if done:
+                written = cast(T, result)  # write_now's result, once done
                 if then is not None:
-                    then(result)  # type: ignore[arg-type]
-                return result  # type: ignore[return-value]
+                    then(written)
+                return written
         loop = asyncio.get_running_loop()
         write = _Write(fn, then, loop, here)
         with self._lock:
