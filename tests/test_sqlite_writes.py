@@ -7,6 +7,7 @@ import asyncio
 import pathlib
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -173,8 +174,8 @@ async def test_a_task_submitting_one_job_after_another_writes_each_on_the_spot(
     turns: list[int] = []
     loop.call_soon(turns.append, 1)
     await store.submit([new("second")])
+    assert turns == [], "the submit waited for a turn of the loop"
     await store.submit([new("third")])
-    assert turns == [], "the submits waited for a turn of the loop"
     assert _counts(store) == (groups + 2, writes + 2)  # a transaction each, committed
     with sqlite3.connect(tmp_path / "writes.db") as other:
         (count,) = other.execute("SELECT count(*) FROM conveyor_jobs").fetchone()
@@ -208,6 +209,36 @@ async def test_a_task_submitting_one_job_after_another_writes_each_on_the_spot(
         other.close()
     await asyncio.wait_for(submitter, 10)
     assert await store.get("mine-3") is not None
+
+
+async def test_a_run_of_writes_on_the_spot_still_gives_the_loop_its_turns(
+    store: SQLiteStore,
+) -> None:
+    """Writes on the spot return without a turn of the loop; a task submitting one job
+    after another for a while must still let the loop's other tasks (a worker's
+    heartbeats) run now and then, not only once it is done."""
+    ticks = 0
+    running = True
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while running:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.ensure_future(ticker())
+    await store.submit([new("first")])  # noted as the last to ask: the rest on the spot
+    before, groups = ticks, _counts(store)[0]
+    end = time.monotonic() + 0.3
+    n = 0
+    while time.monotonic() < end or n < 2:
+        await store.submit([new(f"run-{n}")])
+        n += 1
+    during = ticks - before
+    running = False
+    await ticking
+    assert _counts(store)[0] == groups + n  # a transaction each
+    assert during > 0, f"{n} submits over 0.3 s gave the loop no turn"
 
 
 async def test_after_a_write_on_the_loops_thread_the_stores_thread_still_waits_for_the_lock(

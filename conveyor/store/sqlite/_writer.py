@@ -32,7 +32,10 @@ loop), and returns without the turn of the loop the others wait for; that one wr
 has its transaction to itself. Writes of different tasks in one turn (concurrent
 requests of a web server, handlers submitting children) still wait for the end of the
 turn and share a transaction, as does every write but a small one: a task's write after
-another task's is never on the spot.
+another task's is never on the spot. Returning without a turn of the loop, a run of such
+writes would keep the loop from the other tasks (a worker's heartbeats, a server's other
+requests) for as long as it lasts: after ``_SPOT_SLICE`` of writes on the spot in a row,
+the next one gives the loop a turn before it returns.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +58,8 @@ P = ParamSpec("P")
 # How long the store's thread waits for the loop's turn to end before it runs the writes
 # queued so far (the loop may be blocked by a handler: the writes must not wait for it).
 _TURN_WAIT = 0.002
+# How long a run of writes on the spot may keep the loop before one of them gives it a turn.
+_SPOT_SLICE = 0.005
 
 
 class StoreThread(ThreadPoolExecutor):
@@ -138,6 +144,8 @@ class GroupWriter:
         self.commits_ended = 0
         # The task that asked the last small write (here=True), if it still exists.
         self._last_asker: weakref.ref[asyncio.Task[Any]] | None = None
+        # When the current run of writes on the spot began (monotonic), if one is going on.
+        self._spot_since: float | None = None
 
     async def write(
         self,
@@ -154,7 +162,9 @@ class GroupWriter:
                 written = cast(T, result)  # write_now's result, once done
                 if then is not None:
                     then(written)
+                await self._turn_now_and_then()
                 return written
+        self._spot_since = None
         loop = asyncio.get_running_loop()
         write = _Write(fn, then, loop, here)
         with self._lock:
@@ -182,6 +192,16 @@ class GroupWriter:
             return False
         with self._lock:
             return not self._queue and not self._sent
+
+    async def _turn_now_and_then(self) -> None:
+        """After a write on the spot: give the loop a turn once the run of them has lasted
+        ``_SPOT_SLICE`` (each returns without one, see the module's docstring)."""
+        now = time.monotonic()
+        if self._spot_since is None:
+            self._spot_since = now
+        elif now - self._spot_since >= _SPOT_SLICE:
+            self._spot_since = None
+            await asyncio.sleep(0)
 
     def _send(self, turn_over: threading.Event) -> None:
         try:
