@@ -183,6 +183,25 @@ def test_a_plain_handler_with_kwargs_takes_the_models_extra_arguments(
     assert _arguments(job_type, payload) == _through_the_model(job_type, payload)
 
 
+def loose_defaults(ctx: JobContext, n: int, x: float = 1, s: str = None) -> None: ...  # type: ignore[assignment]  # noqa: RUF013
+
+
+@pytest.mark.parametrize("payload", [{"n": 1}, {"n": 1, "x": 2.5}, {"n": 1, "s": "y"}, {"x": 1.0}])
+def test_defaults_of_another_type_are_given_as_the_model_gives_them(
+    payload: dict[str, Any],
+) -> None:
+    """pydantic does not check a default: an argument left out gets it as it is (an int
+    for a float, None for a str), on the model's way and without it alike."""
+    job_type = _job_type(loose_defaults)
+    got, expected = _arguments(job_type, payload), _through_the_model(job_type, payload)
+    assert got == expected
+    if isinstance(got, dict):
+        assert {k: type(v) for k, v in got.items()} == {
+            k: type(v)
+            for k, v in expected.items()  # type: ignore[union-attr]
+        }
+
+
 def test_the_arguments_are_a_new_dict_each_time() -> None:
     job_type = _job_type(plain)
     stored = dict(FULL)

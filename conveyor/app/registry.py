@@ -286,9 +286,12 @@ class JobType:
         if not payload and self._takes_nothing:
             return {}
         if self._plain is not None:
-            arguments = _as_stored(payload, *self._plain)
-            if arguments is not None:
-                return arguments
+            # A stored payload of exactly the arguments' types (as a submit checks it):
+            # the model would give it as it is, with the defaults of those not given.
+            kinds, defaults = self._plain
+            given = _as_given(payload, kinds, defaults)
+            if given is not None:
+                return defaults | given if defaults else given
         validator = self.model.__pydantic_validator__  # before the try, as in validate_text
         try:
             # The model's validator itself, as model_validate calls it (with its defaults):
@@ -419,41 +422,14 @@ def _plain_fields(
     return kinds, defaults
 
 
-def _as_stored(
+def _as_given(
     payload: Mapping[str, Any], kinds: dict[str, type | None], defaults: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """A plain handler's arguments from a stored payload, as its model would give them,
-    or None when the payload is not exactly that: an argument missing with no default, a
-    value of another type (an int for a float, which pydantic converts), an unknown key.
-    None sends the payload through the model, which converts or says what is wrong.
-
-    >>> _as_stored({"n": 1}, {"n": int, "label": str}, {"label": "x"})
-    {'label': 'x', 'n': 1}
-    >>> _as_stored({"n": True}, {"n": int}, {}) is None
-    True
-    """
-    arguments = dict(payload)
-    if len(arguments) != len(kinds):
-        if not defaults or len(arguments) > len(kinds):
-            return None
-        arguments = defaults | arguments
-        if len(arguments) != len(kinds):
-            return None
-    for name, kind in kinds.items():
-        value = arguments.get(name, _MISSING)
-        if value is _MISSING or (kind is not None and type(value) is not kind):
-            return None
-    return arguments
-
-
-def _as_given(
-    payload: dict[str, Any], kinds: dict[str, type | None], defaults: dict[str, Any]
-) -> dict[str, Any] | None:
-    """A plain handler's payload (of :func:`plain_text`'s values) as its model checks and
-    dumps it, or None when the model must look: what the dump gives, the keys given in
-    the handler's order, each value as it is. None for an unknown key, a required
-    argument missing, or a value of another type than its argument's (an int for a
-    float, which the model converts, or a None it refuses).
+    """A plain handler's payload as its model checks and dumps it, or None when the model
+    must look: the keys given, in the handler's order, each value as it is (a submit's
+    check; a worker's arguments are these with the defaults of the others). None for an
+    unknown key, a required argument missing, or a value of another type than its
+    argument's (an int for a float, which the model converts, or a None it refuses).
 
     >>> _as_given({"label": "y", "n": 1}, {"n": int, "label": str}, {"label": "x"})
     {'n': 1, 'label': 'y'}
