@@ -2,24 +2,25 @@
 
 The loop is the bare transaction of a one-by-one submit, ``BEGIN IMMEDIATE``, one
 ``INSERT``, ``COMMIT``, with WAL and ``synchronous=FULL`` (an fsync at every commit), on
-five tables in five files of one directory: ``conveyor_jobs`` as conveyor's migrations
-make it; the same without its ``created_at`` and claim indexes (the two index entries
-every new job adds beside the row and its id's key); the same made ``WITHOUT ROWID``
-(the row stored in the id's b-tree: one b-tree fewer to write), with all its indexes
-and without the ``created_at`` one; and SqliteHuey's own table (an integer key and one
-index). The variants take turns in blocks, so that the disk's drift
-hits them alike; it prints each one's median, mean (what a loop's rate sees: it counts
-the checkpoints) and 90th percentile.
+four tables in four files of one directory: ``conveyor_jobs`` as conveyor's migrations
+make it (keyed by the creation microsecond: a new job is written into three b-trees, its
+row, its id's unique index and the claim index); the same as it was before migration 14
+(keyed by id, with an index by creation time: four b-trees); the same as migrated without
+the claim index (two b-trees, as many as huey's); and SqliteHuey's own table (an integer
+key and one index). The variants take turns in blocks, so that the disk's drift hits them
+alike; it prints each one's median, mean (what a loop's rate sees: it counts the
+checkpoints) and 90th percentile.
 
 It answers whether a one-by-one submit is bound by conveyor's schema or by the work
 around the commit: compare the medians with a whole call of ``app.submit``
-(``python -m bench.submit_latency``) and with huey's.
+(``python -m bench.submit_latency``, ``python -m bench.index_cost``) and with huey's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shutil
 import sqlite3
 import statistics
@@ -31,11 +32,12 @@ from pathlib import Path
 from conveyor import Conveyor
 from conveyor.core.ids import new_id
 
+_COLUMNS = "id, type, queue, payload, status, priority, attempt, max_attempts, run_at, "
 _INSERT_JOB = (
-    "INSERT INTO conveyor_jobs (id, type, queue, payload, status, priority, attempt, "
-    "max_attempts, run_at, created_at, backoff_base, backoff_cap) "
+    f"INSERT INTO conveyor_jobs ({_COLUMNS}created_us, backoff_base, backoff_cap) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+_INSERT_JOB_BY_ID = _INSERT_JOB.replace("created_us", "created_at")
 
 
 def _migrated(directory: Path) -> Path:
@@ -60,33 +62,43 @@ def _open(source: Path, name: str) -> sqlite3.Connection:
     return conn
 
 
+def _values(now: float, created: float | int) -> tuple[object, ...]:
+    job_id = new_id(now)  # as a submit makes it: in time order, so keys go in at one end
+    return (job_id, "noop", "default", '{"t": 1.5}', "queued", 0, 0, 3, now, created, 1.0, 300.0)
+
+
 def _insert_job(conn: sqlite3.Connection) -> None:
     now = time.time()
-    job_id = new_id(now)  # as a submit makes it: in time order, so keys go in at one end
-    values = (job_id, "noop", "default", '{"t": 1.5}', "queued", 0, 0, 3, now, now, 1.0, 300.0)
-    conn.execute(_INSERT_JOB, values)
+    conn.execute(_INSERT_JOB, _values(now, round(now * 1_000_000)))
+
+
+def _insert_job_by_id(conn: sqlite3.Connection) -> None:
+    now = time.time()
+    conn.execute(_INSERT_JOB_BY_ID, _values(now, now))
 
 
 def _insert_task(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO task (queue, data, priority) VALUES (?, ?, ?)", ("q", b"x" * 120, 0))
 
 
-def _without_rowid(source: Path, name: str, *, drop: tuple[str, ...] = ()) -> sqlite3.Connection:
-    """``conveyor_jobs`` made again as a ``WITHOUT ROWID`` table (its id the b-tree's key,
-    no separate index of ids), with the same indexes but those named in ``drop``."""
+def _keyed_by_id(source: Path, name: str) -> sqlite3.Connection:
+    """``conveyor_jobs`` as it was before migration 14: keyed by its id (a rowid table
+    with the id's unique index), created_at stored, and an index by creation time."""
     conn = _open(source, name)
     (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'conveyor_jobs'").fetchone()
     indexes = [
-        sql
-        for index, sql in conn.execute(
-            "SELECT name, sql FROM sqlite_master "
+        sql.replace("(tenant, created_us)", "(tenant, created_at, id)")
+        for (sql,) in conn.execute(
+            "SELECT sql FROM sqlite_master "
             "WHERE type = 'index' AND tbl_name = 'conveyor_jobs' AND sql IS NOT NULL"
         )
-        if index.removeprefix("conveyor_jobs_") not in drop
     ]
+    before = re.sub(r"created_us\s+INTEGER PRIMARY KEY,\s*", "", table)
+    before = re.sub(r"id(\s+)TEXT NOT NULL UNIQUE", r"id\1TEXT PRIMARY KEY", before)
+    before = re.sub(r"REAL NOT NULL GENERATED ALWAYS AS \([^)]*\) VIRTUAL", "REAL NOT NULL", before)
     conn.execute("DROP TABLE conveyor_jobs")  # empty: nothing to copy
-    conn.execute(f"{table} WITHOUT ROWID")
-    for sql in indexes:
+    conn.execute(before)
+    for sql in [*indexes, "CREATE INDEX conveyor_jobs_created ON conveyor_jobs (created_at, id)"]:
         conn.execute(sql)
     return conn
 
@@ -94,7 +106,6 @@ def _without_rowid(source: Path, name: str, *, drop: tuple[str, ...] = ()) -> sq
 def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., None]]]:
     """The tables, each in a file of its own, with the insert of one row."""
     leaner = _open(source, "leaner")
-    leaner.execute("DROP INDEX conveyor_jobs_created")
     leaner.execute("DROP INDEX conveyor_jobs_claim")
     huey = _open(source, "huey_shaped")
     # SqliteHuey's own table and index (huey 2.5+, its default strict_fifo=False).
@@ -105,15 +116,11 @@ def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., 
     huey.execute("CREATE INDEX task_queue_priority_id ON task (queue, priority DESC, id)")
     return {
         "conveyor_jobs, as migrated": (_open(source, "as_migrated"), _insert_job),
-        "without the created_at and claim indexes": (leaner, _insert_job),
-        "WITHOUT ROWID (no separate id index)": (
-            _without_rowid(source, "without_rowid"),
-            _insert_job,
+        "keyed by id, with a created_at index (before migration 14)": (
+            _keyed_by_id(source, "keyed_by_id"),
+            _insert_job_by_id,
         ),
-        "WITHOUT ROWID, without the created_at index": (
-            _without_rowid(source, "without_rowid_created", drop=("created",)),
-            _insert_job,
-        ),
+        "as migrated, without the claim index": (leaner, _insert_job),
         "huey's table (integer key, one index)": (huey, _insert_task),
     }
 

@@ -535,15 +535,19 @@ def latency(backend: str, url: str, jobs: int, gap: float, concurrency: int) -> 
 
 # Rows loaded straight into conveyor's tables, in bulk: queued no-op jobs due since
 # an hour ago, and jobs that succeeded hours ago with their attempt.  Only columns
-# without a default are given; the rest keep the schema's defaults.
+# without a default are given; the rest keep the schema's defaults. On SQLite the table's
+# key is the creation microsecond, each job's own: a load's jobs are a millisecond apart
+# from its start, or from after the last job the table holds.
 _SQLITE_LOAD_QUEUED = """
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
 INSERT INTO conveyor_jobs (
     id, type, queue, payload, status, max_attempts, run_at, backoff_base, backoff_cap,
-    created_at
+    created_us
 )
 SELECT printf('%s%012d', ?, i), 'noop', 'default', '{}', 'queued', 3,
-       ? + i * 0.001, 1.0, 3600.0, ? + i * 0.001
+       ? + i * 0.001, 1.0, 3600.0,
+       (SELECT max(CAST(round(? * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
+        FROM conveyor_jobs) + i * 1000
 FROM n
 """
 
@@ -551,11 +555,13 @@ _SQLITE_LOAD_FINISHED = """
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
 INSERT INTO conveyor_jobs (
     id, type, queue, payload, status, attempt, max_attempts, run_at, backoff_base,
-    backoff_cap, created_at, started_at, finished_at, lease_owner, lease_token
+    backoff_cap, created_us, started_at, finished_at, lease_owner, lease_token
 )
 SELECT printf('%s%012d', ?, i), 'noop', 'default', '{}', 'succeeded', 1, 3,
-       ? + i * 0.001, 1.0, 3600.0, ? + i * 0.001, ? + i * 0.001, ? + i * 0.001 + 0.001,
-       'bench-loader', 1
+       ? + i * 0.001, 1.0, 3600.0,
+       (SELECT max(CAST(round(? * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
+        FROM conveyor_jobs) + i * 1000,
+       ? + i * 0.001, ? + i * 0.001 + 0.001, 'bench-loader', 1
 FROM n
 """
 

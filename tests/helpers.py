@@ -113,3 +113,39 @@ async def schema(url: str) -> list[list[tuple[object, ...]]]:
 
     async with await psycopg.AsyncConnection.connect(url) as pg:
         return [await (await pg.execute(query)).fetchall() for query in _POSTGRES_SCHEMA]
+
+
+def key_by_creation(url: str) -> None:
+    """Give an older SQLite database's job table the key today's store writes (the
+    creation microsecond), keeping the indexes it had: the table part of the migration
+    that does so, applied early, so that today's store can write a database of an older
+    release's schema (a test of a later migration's upgrade). A no-op on PostgreSQL."""
+    if not url.startswith("sqlite:"):
+        return
+    import sqlite3
+    from importlib import resources
+
+    from conveyor.store.sqlite.backend import parse_sqlite_url
+
+    folder = resources.files("conveyor.store.sqlite").joinpath("migrations")
+    (migration,) = [m for m in folder.iterdir() if m.name.endswith("_creation_key.sql")]
+    code = "\n".join(
+        line for line in migration.read_text().splitlines() if not line.lstrip().startswith("--")
+    )
+    statements = [s for s in code.split(";") if s.strip()]
+    table_part = [s for s in statements if "INDEX" not in s]
+    conn = sqlite3.connect(parse_sqlite_url(url), isolation_level=None)
+    try:
+        indexes = [
+            sql
+            for (sql,) in conn.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'index' "
+                "AND tbl_name = 'conveyor_jobs' AND sql IS NOT NULL"
+            )
+        ]
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in table_part + indexes:
+            conn.execute(statement)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()

@@ -21,7 +21,7 @@ from conveyor.store.postgres import backend as postgres
 from conveyor.store.sqlite import backend as sqlite
 from tests.apiserver import api_for_tests, serving
 from tests.apps.api import build
-from tests.helpers import eventually
+from tests.helpers import eventually, key_by_creation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,8 +183,9 @@ async def test_the_migration_keeps_live_tokens_and_jobs(
     with monkeypatch.context() as patch:
         patch.setattr(module, "_MIGRATIONS", _before_token_expiry(full))
         old = build(db_url)
-        job = await old.submit("add", {"a": 1, "b": 2}, tenant="acme")
         store = await old.store()
+        key_by_creation(db_url)  # the key today's store writes (SQLite)
+        job = await old.submit("add", {"a": 1, "b": 2}, tenant="acme")
         # The old schema's token row, as the previous version created it.
         if module is sqlite:
             sql = ("INSERT INTO conveyor_tokens (id, tenant, role, secret_hash, name, created_at)"

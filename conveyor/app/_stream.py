@@ -102,14 +102,16 @@ def inserted_handles(app: JobSource, metrics: Metrics, inserted: Inserted) -> li
     # Counted once per type and queue, not once per job.
     counts: Counter[tuple[str, str]] = Counter()
     handles: list[JobHandle] = []
-    run_at, created_at = iter(inserted.run_at), inserted.created_at
+    run_at, creation = iter(inserted.run_at), inserted.creation
     for chunk in inserted.chunks:
         if isinstance(chunk, SameJobs):
             counts[chunk.template.type, chunk.template.queue] += len(chunk)
         else:
             counts.update(map(_type_and_queue, chunk))
+        offset = len(handles)
         handles += [
-            InsertedHandle(app, chunk, i, next(run_at), created_at) for i in range(len(chunk))
+            InsertedHandle(app, chunk, i, next(run_at), creation, offset + i)
+            for i in range(len(chunk))
         ]
     for (job_type, queue), n in counts.items():
         metrics.of(job_type, queue).submitted.inc(n)

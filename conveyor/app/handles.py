@@ -14,7 +14,7 @@ import binascii
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
@@ -244,14 +244,18 @@ class InsertedHandle(JobHandle):
         jobs: Sequence[NewJob],
         index: int,
         run_at: datetime,
-        created_at: datetime,
+        creation: Callable[[int], datetime],
+        nth: int,
     ) -> None:
+        """``creation(nth)`` is the job's creation time (:meth:`Inserted.creation`; the
+        job is the batch's ``nth``), made with the record."""
         self._app = app
-        self._inserted = (jobs, index, run_at, created_at)
+        self._inserted = (jobs, index, run_at, creation, nth)
 
     @functools.cached_property
     def record(self) -> Job:  # type: ignore[override]
-        jobs, index, run_at, created_at = self._inserted
+        jobs, index, run_at, creation, nth = self._inserted
+        created_at = creation(nth)
         if isinstance(jobs, SameJobs):
             return jobs.stored(index, Status.QUEUED, run_at, created_at)
         return jobs[index].stored(Status.QUEUED, run_at, created_at)

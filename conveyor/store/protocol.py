@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from conveyor.core.auth import Token
@@ -51,15 +51,23 @@ class Inserted:
     chunks: list[Sequence[NewJob]]
     run_at: list[datetime]
     created_at: datetime
+    # How far apart the jobs' creation times are: nothing where they share one
+    # (PostgreSQL), a microsecond where each job's is its own (SQLite, whose table is
+    # keyed by it). The first job's is created_at.
+    created_step: timedelta = timedelta(0)
 
     def submitted(self) -> list[Submitted]:
         """The jobs as :meth:`SubmitStore.submit` returns them."""
-        queued, created_at = Status.QUEUED, self.created_at
+        queued = Status.QUEUED
         jobs = [job for chunk in self.chunks for job in chunk]
         return [
-            Submitted(job.stored(queued, run_at, created_at), created=True)
-            for job, run_at in zip(jobs, self.run_at, strict=True)
+            Submitted(job.stored(queued, run_at, self.creation(i)), created=True)
+            for i, (job, run_at) in enumerate(zip(jobs, self.run_at, strict=True))
         ]
+
+    def creation(self, index: int) -> datetime:
+        """The creation time of the batch's job ``index`` (counted across chunks)."""
+        return self.created_at + index * self.created_step if index else self.created_at
 
 
 @dataclass(frozen=True, slots=True)

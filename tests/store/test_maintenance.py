@@ -13,7 +13,7 @@ from conveyor.core.cron import Cron, Schedule, tick_id
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Outcome, Settlement
 from conveyor.store import Lease, Retention, Store
-from tests.helpers import FakeClock, new, schema
+from tests.helpers import FakeClock, key_by_creation, new, schema
 from tests.store.common import claim
 from tests.store.recording import create_store, unwrapped
 
@@ -207,6 +207,7 @@ async def test_the_tenant_namespace_migration_moves_live_jobs_with_their_referen
     monkeypatch.setattr(backend, "_MIGRATIONS", migrations[:at])
     try:
         await old.migrate()
+        key_by_creation(db_url)  # the key today's store writes (SQLite)
         await old.open()
         # That release's claim did not look at tenants (their index is the migration's).
         old._tenant_mix.saw([])  # type: ignore[attr-defined]

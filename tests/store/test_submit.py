@@ -157,7 +157,10 @@ async def test_every_field_is_stored_as_submitted_one_job_or_a_large_batch(
         assert (read.concurrency_key, read.state) == (job.concurrency_key, job.state)  # type: ignore[attr-defined]
         assert read.trace_context == job.trace_context  # type: ignore[attr-defined]
         assert read.submitted_by == job.submitted_by  # type: ignore[attr-defined]
-        expected_run_at = job.run_at or read.created_at + timedelta(seconds=job.delay)  # type: ignore[attr-defined]
+        # A delay counts from the submit, the batch's first job's creation (on SQLite,
+        # each job of a batch is created a microsecond after the one before it).
+        submitted_at = results[0].job.created_at
+        expected_run_at = job.run_at or submitted_at + timedelta(seconds=job.delay)  # type: ignore[attr-defined]
         assert read.run_at == expected_run_at
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor.core.jsontext import compact, loads
@@ -30,6 +30,21 @@ def epoch(value: datetime) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.timestamp()
+
+
+def micros(value: datetime) -> int:
+    """A time as whole microseconds since the epoch, exactly (as conveyor_jobs.created_us).
+
+    >>> micros(datetime(1970, 1, 1, 0, 0, 1, 5, tzinfo=UTC))
+    1000005
+    """
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _ONE_US
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
 
 
 def encode(params: dict[str, Any], now: float) -> dict[str, Any]:
@@ -119,7 +134,8 @@ _written: Callable[[NewJob, str], dict[str, Any]] = job_writer(
 
 
 def new_job_params(job: NewJob, now: float) -> dict[str, Any]:
-    """Return insert_job's parameters for a job submitted at ``now``."""
+    """Return insert_job's parameters for a job submitted at ``now`` but its creation
+    microsecond, ``created_us``, which the caller gives it."""
     params = _written(job, job.payload_json())
     params["status"] = (Status.PENDING if job.depends_on else Status.QUEUED).value
     params["run_at"] = epoch(job.run_at) if job.run_at is not None else now + job.delay
@@ -138,7 +154,11 @@ def submit_steps(jobs: Sequence[NewJob], now: float | None = None) -> Script[lis
     if now is None:
         (clock,) = yield "now", {}
         now = float(clock["now"])
+    # Each job its own microsecond (the table's key), after every job the table holds.
+    (first,) = yield "next_created_us", {"now_us": round(now * 1_000_000)}
     rows = [new_job_params(job, now) for job in jobs]
+    for created_us, params in enumerate(rows, start=first["first_us"]):
+        params["created_us"] = created_us
     created: dict[str, Any] = {}
     if len(jobs) > 1 and not any(job.depends_on for job in jobs):
         created = {r["id"]: r for r in (yield "insert_jobs", {"jobs": json.dumps(rows)})}

@@ -10,8 +10,9 @@ bind only the columns a job sets: a batch in which every job leaves the optional
 empty (the common case) binds 11 values a row instead of 22, and each bound value costs
 about as much as SQLite's own work for it. For a job it created, the store knows every
 value it wrote. Whether it created them all it learns from the count of rows inserted;
-should any id or active unique key be taken already (or repeat within the batch), the
-batch is undone to a savepoint and the caller takes the general steps, which find the job
+should any id, active unique key or creation microsecond (the table's key, see
+:class:`CreationTimes`) be taken already (or repeat within the batch), the batch is
+undone to a savepoint and the caller takes the general steps, which find the job
 holding it. So the result is the general steps' exactly.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor.core.jsontext import compact
@@ -32,20 +33,20 @@ from conveyor.store.sqlite._codec import epoch
 
 # The columns a job binds, from the job row's declaration (a job with dependencies takes
 # the general steps): the plain ones always, in the order of its row, then run_at and
-# created_at (status is 'queued' in the text); the sparse ones only when any job of the
-# batch sets one.
+# created_us, the table's key (status is 'queued' in the text); the sparse ones only when
+# any job of the batch sets one.
 # The payload is bound last of the plain ones, as its text (NewJob.payload_json).
 _BOUND = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
 _PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse and c.name != "payload")
 _SPARSE_COLUMNS = tuple(c for c in _BOUND if c.sparse)
-_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "payload", "run_at", "created_at")
+_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "payload", "run_at", "created_us")
 _FULL = (*_PLAIN, *(c.name for c in _SPARSE_COLUMNS))
 _WRITES = {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})"}
 _plain_values = job_writer(
     _WRITES,
     {"compact": compact},
     columns=_PLAIN_COLUMNS,
-    after=("payload", "run_at", "now"),
+    after=("payload", "run_at", "created_us"),
     form="tuple",
 )
 _sparse_values = job_writer(_WRITES, {"compact": compact}, columns=_SPARSE_COLUMNS, form="tuple")
@@ -56,31 +57,66 @@ _PAYLOAD = _PLAIN.index("payload")
 if _PLAIN[0] != "id":
     raise RuntimeError("insert_chunks binds a row's id first")
 _MOST_ROWS = 512  # per statement; the statements take 512, 256, ... 1 rows
+_CREATED = _PLAIN.index("created_us")
+
+
+class CreationTimes:
+    """The creation times a store gives its jobs, in microseconds: the table's key, so
+    each job's own. A job takes the microsecond it was submitted in, or, when a job before
+    it holds that one (a batch takes one per job), the one after the last given.
+
+    Kept here, not read from the table at each submit: another process's jobs may hold
+    the microsecond (its batch took the ones after its own submit), and then the insert
+    creates nothing and the general steps, which read the table's last one
+    (``next_created_us``), insert the jobs instead; :meth:`catch_up` then starts after
+    them.
+    """
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def take(self, now: float, count: int) -> int:
+        """The first of ``count`` microseconds for jobs submitted at ``now``."""
+        first = max(round(now * 1_000_000), self._last + 1)
+        self._last = first + count - 1
+        return first
+
+    def catch_up(self, conn: sqlite3.Connection) -> None:
+        """Give the next jobs microseconds after every job the table holds."""
+        (last,) = conn.execute("SELECT coalesce(max(created_us), 0) FROM conveyor_jobs").fetchone()
+        self._last = max(self._last, last)
+
+
+def created_at(created_us: int) -> datetime:
+    """The creation time of a job of key ``created_us``, as conveyor_jobs.created_at
+    reads back (the same division, then the same rounding to a datetime)."""
+    return datetime.fromtimestamp(created_us / 1_000_000, UTC)
 
 
 def insert_plain(
-    conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float
+    conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float, first_us: int
 ) -> list[Submitted] | None:
-    """Insert ``jobs`` (none with dependencies) submitted at ``now``, in the caller's
-    transaction; None, with nothing written, unless every one of them was created."""
+    """Insert ``jobs`` (none with dependencies) submitted at ``now``, created at the
+    microseconds from ``first_us`` on, in the caller's transaction; None, with nothing
+    written, unless every one of them was created."""
     if any(job.depends_on for job in jobs):
         raise ValueError("insert_plain takes jobs without dependencies")
     run_ats = [_run_at(job, now) for job in jobs]
     full = _sets_sparse(jobs)
     values: list[Any] = []
-    for job, run_at in zip(jobs, run_ats, strict=True):
-        values += _row(job, run_at, now, full)
+    for i, (job, run_at) in enumerate(zip(jobs, run_ats, strict=True)):
+        values += _row(job, run_at, first_us + i, full)
     if not _insert_rows(conn, _FULL if full else _PLAIN, values, len(jobs)):
         return None
-    created_at, dues = _times(now, run_ats)
+    dues = _times(run_ats)
     return [
-        Submitted(job.stored(Status.QUEUED, due, created_at), created=True)
-        for job, due in zip(jobs, dues, strict=True)
+        Submitted(job.stored(Status.QUEUED, due, created_at(first_us + i)), created=True)
+        for i, (job, due) in enumerate(zip(jobs, dues, strict=True))
     ]
 
 
 def insert_chunks(
-    conn: sqlite3.Connection, chunks: Sequence[Sequence[NewJob]], now: float
+    conn: sqlite3.Connection, chunks: Sequence[Sequence[NewJob]], now: float, first_us: int
 ) -> Inserted | None:
     """Insert a large batch's prepared chunks (``app/_stream.py``: plain jobs without
     dependencies, ids or unique keys) submitted at ``now``, in the caller's transaction,
@@ -89,7 +125,8 @@ def insert_chunks(
     jobs' records when read.
 
     A chunk of one type's jobs (:class:`SameJobs`) binds its template's values, read
-    once, around each job's id and payload text: no job is made for it.
+    once, around each job's id and payload text: no job is made for it. The jobs are
+    created at the microseconds from ``first_us`` on, one each, in order.
     """
     full = any(_sets_sparse((c.template,) if isinstance(c, SameJobs) else c) for c in chunks)
     columns = _FULL if full else _PLAIN
@@ -99,37 +136,45 @@ def insert_chunks(
         if isinstance(chunk, SameJobs):
             template = chunk.template
             run_at = _run_at(template, now)
-            row = _row(template, run_at, now, full)
-            before, after = row[1:_PAYLOAD], row[_PAYLOAD + 1 :]
+            row = _row(template, run_at, 0, full)
+            # The values between the payload and the key, and those after the key.
+            before, between = row[1:_PAYLOAD], row[_PAYLOAD + 1 : _CREATED]
+            after = row[_CREATED + 1 :]
+            created_us = first_us + len(run_ats)
             for job_id, text in zip(chunk.ids, chunk.texts, strict=True):
                 values.append(job_id)
                 values += before
                 values.append(text)
+                values += between
+                values.append(created_us)
                 values += after
+                created_us += 1
             run_ats += [run_at] * len(chunk)
         else:
             for job in chunk:
                 run_at = _run_at(job, now)
-                values += _row(job, run_at, now, full)
+                values += _row(job, run_at, first_us + len(run_ats), full)
                 run_ats.append(run_at)
     if not _insert_rows(conn, columns, values, len(run_ats)):
         return None
-    created_at, dues = _times(now, run_ats)
-    return Inserted(list(chunks), dues, created_at)
+    return Inserted(list(chunks), _times(run_ats), created_at(first_us), _ONE_US)
 
 
-def _times(now: float, run_ats: list[float]) -> tuple[datetime, list[datetime]]:
-    """A batch's creation time and each job's run time as datetimes: jobs submitted
-    together share their times, so one datetime is made for each distinct one."""
+# Jobs of one batch are created a microsecond apart.
+_ONE_US = timedelta(microseconds=1)
+
+
+def _times(run_ats: list[float]) -> list[datetime]:
+    """Each job's run time as a datetime: jobs submitted together mostly share it, so one
+    datetime is made for each distinct one."""
     times: dict[float, datetime] = {}
-    created_at = times[now] = datetime.fromtimestamp(now, UTC)
     dues = []
     for run_at in run_ats:
         due = times.get(run_at)
         if due is None:
             due = times[run_at] = datetime.fromtimestamp(run_at, UTC)
         dues.append(due)
-    return created_at, dues
+    return dues
 
 
 def _insert_rows(
@@ -158,20 +203,22 @@ def _insert_rows(
     return True
 
 
-def insert_one(conn: sqlite3.Connection, job: NewJob, now: float) -> Submitted | None:
-    """Insert one job without dependencies submitted at ``now``, in the caller's
-    transaction, as :func:`insert_plain` inserts a batch of one (binding only the columns
-    it sets); None, with nothing written, when its id or an active unique key is taken."""
+def insert_one(
+    conn: sqlite3.Connection, job: NewJob, now: float, created_us: int
+) -> Submitted | None:
+    """Insert one job without dependencies submitted at ``now``, created at microsecond
+    ``created_us``, in the caller's transaction, as :func:`insert_plain` inserts a batch
+    of one (binding only the columns it sets); None, with nothing written, when its id,
+    an active unique key or its microsecond is taken."""
     if job.depends_on:
         raise ValueError("insert_one takes a job without dependencies")
     run_at = _run_at(job, now)
     full = _sets_sparse((job,))
     statement = _statement(_FULL if full else _PLAIN, 1)
-    if conn.execute(statement, _row(job, run_at, now, full)).rowcount != 1:
+    if conn.execute(statement, _row(job, run_at, created_us, full)).rowcount != 1:
         return None
-    created_at = datetime.fromtimestamp(now, UTC)
-    due = created_at if run_at == now else datetime.fromtimestamp(run_at, UTC)
-    return Submitted(job.stored(Status.QUEUED, due, created_at), created=True)
+    due = datetime.fromtimestamp(run_at, UTC)
+    return Submitted(job.stored(Status.QUEUED, due, created_at(created_us)), created=True)
 
 
 def _run_at(job: NewJob, now: float) -> float:
@@ -179,10 +226,10 @@ def _run_at(job: NewJob, now: float) -> float:
     return now + job.delay if job.run_at is None else epoch(job.run_at)
 
 
-def _row(job: NewJob, run_at: float, now: float, full: bool) -> tuple[Any, ...]:
+def _row(job: NewJob, run_at: float, created_us: int, full: bool) -> tuple[Any, ...]:
     """A job's bound values: the plain columns (its payload as its JSON text), and the
     sparse ones too when the statement names them (``full``)."""
-    values: tuple[Any, ...] = _plain_values(job, job.payload_json(), run_at, now)
+    values: tuple[Any, ...] = _plain_values(job, job.payload_json(), run_at, created_us)
     return values + _sparse_values(job) if full else values
 
 

@@ -43,11 +43,17 @@ from conveyor.store.sqlite._codec import (
     epoch,
     job_of_row,
     jobs_of,
+    micros,
     submit_steps,
 )
 from conveyor.store.sqlite._connection import connect, parse_sqlite_url
 from conveyor.store.sqlite._errors import translated
-from conveyor.store.sqlite._submit import insert_chunks, insert_one, insert_plain
+from conveyor.store.sqlite._submit import (
+    CreationTimes,
+    insert_chunks,
+    insert_one,
+    insert_plain,
+)
 from conveyor.store.sqlite._watcher import Watcher
 from conveyor.store.sqlite._writer import GroupWriter, StoreThread
 
@@ -130,6 +136,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
         self._watcher: Watcher | None = None
         self._tenant_mix = TenantMix()
         self._writer: GroupWriter | None = None
+        self._creation = CreationTimes()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -324,7 +331,12 @@ class SQLiteStore(ScriptedOps, SharedReads):
         prepared = list(chunks)
 
         def insert(conn: sqlite3.Connection) -> Inserted | None:
-            return insert_chunks(conn, prepared, self._clock())
+            now = self._clock()
+            count = sum(len(chunk) for chunk in prepared)
+            inserted = insert_chunks(conn, prepared, now, self._creation.take(now, count))
+            if inserted is None:
+                self._creation.catch_up(conn)  # in case another's jobs held our microseconds
+            return inserted
 
         return await self._write(insert)
 
@@ -335,15 +347,19 @@ class SQLiteStore(ScriptedOps, SharedReads):
                 # The common submit: one prepared statement, and the jobs as written (the
                 # store knows every value); a taken id or unique key takes the general
                 # steps, which find the job holding it.
+                first_us = self._creation.take(now, len(jobs))
                 if len(jobs) == 1:
-                    submitted = insert_one(conn, jobs[0], now)
+                    submitted = insert_one(conn, jobs[0], now, first_us)
                     if submitted is not None:
                         return [submitted]
                 else:
-                    created = insert_plain(conn, jobs, now)
+                    created = insert_plain(conn, jobs, now, first_us)
                     if created is not None:
                         return created
-            return self._drive(conn, submit_steps(jobs, now), now)
+            # The general steps take the microseconds after the table's last.
+            submitted_jobs = self._drive(conn, submit_steps(jobs, now), now)
+            self._creation.catch_up(conn)
+            return submitted_jobs
 
         return submit
 
@@ -567,9 +583,10 @@ class SQLiteStore(ScriptedOps, SharedReads):
             "parent_id": f.parent_id,
             "root_id": f.root_id,
             "top_level": int(f.top_level),
-            "created_after": epoch(f.created_after) if f.created_after else None,
-            "created_before": epoch(f.created_before) if f.created_before else None,
-            "after_created": epoch(query.after[0]) if query.after else None,
+            # In microseconds: the table's key (a job's creation microsecond).
+            "created_after": micros(f.created_after) if f.created_after else None,
+            "created_before": micros(f.created_before) if f.created_before else None,
+            "after_created": micros(query.after[0]) if query.after else None,
             "after_id": query.after[1] if query.after else None,
             "limit": query.limit,
         }

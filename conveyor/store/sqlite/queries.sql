@@ -1,18 +1,23 @@
 -- Named queries of the SQLite backend. Times are seconds since the epoch (REAL),
 -- passed in as :now by the store, whose clock is injectable for tests.
 
+-- name: next_created_us
+-- The first creation microsecond free for new jobs: their submit's, or the one after the
+-- last job's (a job's creation microsecond is the table's key, each job's own).
+SELECT max(:now_us, coalesce((SELECT max(created_us) FROM conveyor_jobs), 0) + 1) AS first_us;
+
 -- name: insert_job
 -- Insert a new job; an existing id or an active unique key makes this a no-op.
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
     unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_at
+    created_us
 ) VALUES (
     :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
     :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
     :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :retry_count,
-    :submitted_by, :now
+    :submitted_by, :created_us
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -24,7 +29,7 @@ INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
     unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_at
+    created_us
 )
 SELECT
     json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
@@ -37,7 +42,8 @@ SELECT
     json_extract(value, '$.root_id'), json_extract(value, '$.depends_on'),
     json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
     json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'),
-    json_extract(value, '$.retry_count'), json_extract(value, '$.submitted_by'), :now
+    json_extract(value, '$.retry_count'), json_extract(value, '$.submitted_by'),
+    json_extract(value, '$.created_us')
 FROM json_each(:jobs)
 WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
 ORDER BY key
@@ -767,9 +773,11 @@ WHERE id IN (SELECT value FROM json_each(:roots))
 RETURNING id;
 
 -- name: page_jobs_newest_first
--- One page of jobs of every tenant, newest first, after the last (created_at, id) seen.
--- The anchor's created_at is read from its row when it still exists, so that a time
--- that went through a float and back cannot skip or repeat a job.
+-- One page of jobs of every tenant, newest first, after the last job seen, in the table's
+-- own order: its key, created_us, is each job's creation microsecond, its own, so the
+-- order is by creation time and a time filter is a range of the key. (Times are passed
+-- in microseconds.) The anchor's key is read from its row, or, once the row is gone,
+-- from the cursor's time, which is the same microsecond.
 SELECT * FROM conveyor_jobs
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:type IS NULL OR type = :type)
@@ -777,17 +785,17 @@ WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:parent_id IS NULL OR parent_id = :parent_id)
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (:top_level = 0 OR parent_id IS NULL)
-  AND (:created_after IS NULL OR created_at >= :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:after_id IS NULL OR (created_at, id) < (
-      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
-               :after_created),
-      :after_id))
-ORDER BY created_at DESC, id DESC
+  -- One range of the key (no OR, which would have SQLite walk the table from its end).
+  AND created_us >= coalesce(:created_after, 0)
+  AND created_us < min(
+      coalesce(:created_before, 9223372036854775807),
+      coalesce((SELECT a.created_us FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created, 9223372036854775807))
+ORDER BY created_us DESC
 LIMIT :limit;
 
 -- name: page_jobs_oldest_first
--- One page of jobs of every tenant, oldest first, after the last (created_at, id) seen.
+-- One page of jobs of every tenant, oldest first, after the last job seen.
 SELECT * FROM conveyor_jobs
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:type IS NULL OR type = :type)
@@ -795,17 +803,17 @@ WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:parent_id IS NULL OR parent_id = :parent_id)
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (:top_level = 0 OR parent_id IS NULL)
-  AND (:created_after IS NULL OR created_at >= :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:after_id IS NULL OR (created_at, id) > (
-      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
-               :after_created),
-      :after_id))
-ORDER BY created_at, id
+  -- One range of the key (no OR, which would have SQLite walk the table from its end).
+  AND created_us >= max(
+      coalesce(:created_after, 0),
+      coalesce((SELECT a.created_us FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created, -1) + 1)
+  AND created_us < coalesce(:created_before, 9223372036854775807)
+ORDER BY created_us
 LIMIT :limit;
 
 -- name: page_tenant_jobs_newest_first
--- One page of one tenant's jobs, newest first (on the tenant's own index).
+-- One page of one tenant's jobs, newest first (on the tenant's own index, by creation).
 SELECT * FROM conveyor_jobs
 WHERE tenant = :tenant
   AND (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
@@ -814,13 +822,13 @@ WHERE tenant = :tenant
   AND (:parent_id IS NULL OR parent_id = :parent_id)
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (:top_level = 0 OR parent_id IS NULL)
-  AND (:created_after IS NULL OR created_at >= :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:after_id IS NULL OR (created_at, id) < (
-      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
-               :after_created),
-      :after_id))
-ORDER BY created_at DESC, id DESC
+  -- One range of the key (no OR, which would have SQLite walk the table from its end).
+  AND created_us >= coalesce(:created_after, 0)
+  AND created_us < min(
+      coalesce(:created_before, 9223372036854775807),
+      coalesce((SELECT a.created_us FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created, 9223372036854775807))
+ORDER BY created_us DESC
 LIMIT :limit;
 
 -- name: page_tenant_jobs_oldest_first
@@ -833,13 +841,13 @@ WHERE tenant = :tenant
   AND (:parent_id IS NULL OR parent_id = :parent_id)
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (:top_level = 0 OR parent_id IS NULL)
-  AND (:created_after IS NULL OR created_at >= :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:after_id IS NULL OR (created_at, id) > (
-      coalesce((SELECT a.created_at FROM conveyor_jobs AS a WHERE a.id = :after_id),
-               :after_created),
-      :after_id))
-ORDER BY created_at, id
+  -- One range of the key (no OR, which would have SQLite walk the table from its end).
+  AND created_us >= max(
+      coalesce(:created_after, 0),
+      coalesce((SELECT a.created_us FROM conveyor_jobs AS a WHERE a.id = :after_id),
+               :after_created, -1) + 1)
+  AND created_us < coalesce(:created_before, 9223372036854775807)
+ORDER BY created_us
 LIMIT :limit;
 
 -- name: health
