@@ -67,7 +67,9 @@ class Inserted:
 
     def creation(self, index: int) -> datetime:
         """The creation time of the batch's job ``index`` (counted across chunks)."""
-        return self.created_at + index * self.created_step if index else self.created_at
+        if not index or not self.created_step:
+            return self.created_at
+        return self.created_at + index * self.created_step
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,7 +346,8 @@ class SQLiteStore(ScriptedOps, SharedReads):
             if not any(job.depends_on for job in jobs):
                 # The common submit: one prepared statement, and the jobs as written (the
                 # store knows every value); a taken id or unique key takes the general
-                # steps, which find the job holding it.
+                # steps, which find the job holding it, and so does a creation
+                # microsecond another process's jobs took (CreationTimes).
                 first_us = self._creation.take(now, len(jobs))
                 if len(jobs) == 1:
                     submitted = insert_one(conn, jobs[0], now, first_us)
