@@ -34,10 +34,13 @@ from conveyor.core.ids import new_id
 
 _COLUMNS = "id, type, queue, payload, status, priority, attempt, max_attempts, run_at, "
 _INSERT_JOB = (
-    f"INSERT INTO conveyor_jobs ({_COLUMNS}created_us, backoff_base, backoff_cap) "
+    f"INSERT INTO conveyor_jobs ({_COLUMNS}created_us, created_at, backoff_base, backoff_cap) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_JOB_BY_ID = (
+    f"INSERT INTO conveyor_jobs ({_COLUMNS}created_at, backoff_base, backoff_cap) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_INSERT_JOB_BY_ID = _INSERT_JOB.replace("created_us", "created_at")
 
 
 def _migrated(directory: Path) -> Path:
@@ -62,14 +65,15 @@ def _open(source: Path, name: str) -> sqlite3.Connection:
     return conn
 
 
-def _values(now: float, created: float | int) -> tuple[object, ...]:
+def _values(now: float, *created: float) -> tuple[object, ...]:
     job_id = new_id(now)  # as a submit makes it: in time order, so keys go in at one end
-    return (job_id, "noop", "default", '{"t": 1.5}', "queued", 0, 0, 3, now, created, 1.0, 300.0)
+    return (job_id, "noop", "default", '{"t": 1.5}', "queued", 0, 0, 3, now, *created, 1.0, 300.0)
 
 
 def _insert_job(conn: sqlite3.Connection) -> None:
     now = time.time()
-    conn.execute(_INSERT_JOB, _values(now, round(now * 1_000_000)))
+    created_us = round(now * 1_000_000)
+    conn.execute(_INSERT_JOB, _values(now, created_us, created_us / 1_000_000))
 
 
 def _insert_job_by_id(conn: sqlite3.Connection) -> None:
@@ -95,7 +99,6 @@ def _keyed_by_id(source: Path, name: str) -> sqlite3.Connection:
     ]
     before = re.sub(r"created_us\s+INTEGER PRIMARY KEY,\s*", "", table)
     before = re.sub(r"id(\s+)TEXT NOT NULL UNIQUE", r"id\1TEXT PRIMARY KEY", before)
-    before = re.sub(r"REAL NOT NULL GENERATED ALWAYS AS \([^)]*\) VIRTUAL", "REAL NOT NULL", before)
     conn.execute("DROP TABLE conveyor_jobs")  # empty: nothing to copy
     conn.execute(before)
     for sql in [*indexes, "CREATE INDEX conveyor_jobs_created ON conveyor_jobs (created_at, id)"]:

@@ -43,14 +43,19 @@ _STATUS_SQL = """CASE WHEN i % 100 < 90 THEN 'succeeded' WHEN i % 100 < 95 THEN 
 
 _SQLITE_FILL = f"""
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :rows),
-r AS (SELECT i, {_STATUS_SQL} AS status, :start + i * :step AS t FROM n)
+r AS (
+    SELECT i, {_STATUS_SQL} AS status, :start + i * :step AS t,
+           CAST(round((:start + i * :step) * 1000000) AS INTEGER) AS us
+    FROM n
+)
 INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, attempt, max_attempts, run_at, backoff_base,
-    backoff_cap, created_us, started_at, finished_at, error, lease_owner, lease_expires_at
+    backoff_cap, created_us, created_at, started_at, finished_at, error, lease_owner,
+    lease_expires_at
 )
 SELECT 'tenant' || (i % 10) || '/' || printf('bench%012d', i), 'type' || (i % 8),
        'queue' || (i % 5), 'tenant' || (i % 10),
-       '{{"n": ' || i || '}}', status, 1, 3, t, 1.0, 3600.0, CAST(round(t * 1000000) AS INTEGER),
+       '{{"n": ' || i || '}}', status, 1, 3, t, 1.0, 3600.0, us, us / 1000000.0,
        CASE WHEN status = 'queued' THEN NULL ELSE t + 0.5 END,
        CASE WHEN status IN ('succeeded', 'failed', 'cancelled') THEN t + 2 ELSE NULL END,
        CASE WHEN status = 'failed' THEN 'RuntimeError: boom' ELSE NULL END,

@@ -8,7 +8,7 @@ three calls; the SQL they run is written out per backend by the caller.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,8 +33,8 @@ class Db:
         else:
             self._pg = psycopg.connect(url, autocommit=True)
 
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """Run one statement and return all its rows."""
+    def rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
+        """Run one statement and return all its rows (named parameters: SQLite only)."""
         if self._sqlite is not None:
             return self._sqlite.execute(sql, params).fetchall()
         cursor = self._postgres().execute(sql.encode(), params)

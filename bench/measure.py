@@ -539,30 +539,34 @@ def latency(backend: str, url: str, jobs: int, gap: float, concurrency: int) -> 
 # key is the creation microsecond, each job's own: a load's jobs are a millisecond apart
 # from its start, or from after the last job the table holds.
 _SQLITE_LOAD_QUEUED = """
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :rows),
+first(us) AS (
+    SELECT max(CAST(round(:start * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
+    FROM conveyor_jobs
+)
 INSERT INTO conveyor_jobs (
     id, type, queue, payload, status, max_attempts, run_at, backoff_base, backoff_cap,
-    created_us
+    created_us, created_at
 )
-SELECT printf('%s%012d', ?, i), 'noop', 'default', '{}', 'queued', 3,
-       ? + i * 0.001, 1.0, 3600.0,
-       (SELECT max(CAST(round(? * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
-        FROM conveyor_jobs) + i * 1000
-FROM n
+SELECT printf('%s%012d', :prefix, i), 'noop', 'default', '{}', 'queued', 3,
+       :start + i * 0.001, 1.0, 3600.0, us + i * 1000, (us + i * 1000) / 1000000.0
+FROM n, first
 """
 
 _SQLITE_LOAD_FINISHED = """
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :rows),
+first(us) AS (
+    SELECT max(CAST(round(:start * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
+    FROM conveyor_jobs
+)
 INSERT INTO conveyor_jobs (
     id, type, queue, payload, status, attempt, max_attempts, run_at, backoff_base,
-    backoff_cap, created_us, started_at, finished_at, lease_owner, lease_token
+    backoff_cap, created_us, created_at, started_at, finished_at, lease_owner, lease_token
 )
-SELECT printf('%s%012d', ?, i), 'noop', 'default', '{}', 'succeeded', 1, 3,
-       ? + i * 0.001, 1.0, 3600.0,
-       (SELECT max(CAST(round(? * 1000000) AS INTEGER), coalesce(max(created_us), 0) + 1)
-        FROM conveyor_jobs) + i * 1000,
-       ? + i * 0.001, ? + i * 0.001 + 0.001, 'bench-loader', 1
-FROM n
+SELECT printf('%s%012d', :prefix, i), 'noop', 'default', '{}', 'succeeded', 1, 3,
+       :start + i * 0.001, 1.0, 3600.0, us + i * 1000, (us + i * 1000) / 1000000.0,
+       :start + i * 0.001, :start + i * 0.001 + 0.001, 'bench-loader', 1
+FROM n, first
 """
 
 _SQLITE_LOAD_ATTEMPTS = """
@@ -609,11 +613,12 @@ def _load(db: Db, *, prefix: str, queued: int, finished: int) -> None:
         # One transaction per table: a commit per row would take hours.
         if queued:
             db.rows("BEGIN IMMEDIATE")
-            db.rows(_SQLITE_LOAD_QUEUED, (queued, f"{prefix}q", due, due))
+            db.rows(_SQLITE_LOAD_QUEUED, {"rows": queued, "prefix": f"{prefix}q", "start": due})
             db.rows("COMMIT")
         if finished:
             db.rows("BEGIN IMMEDIATE")
-            db.rows(_SQLITE_LOAD_FINISHED, (finished, f"{prefix}f", done, done, done, done))
+            load = {"rows": finished, "prefix": f"{prefix}f", "start": done}
+            db.rows(_SQLITE_LOAD_FINISHED, load)
             db.rows(_SQLITE_LOAD_ATTEMPTS, (f"{prefix}f", f"{prefix}g"))
             db.rows("COMMIT")
         return

@@ -185,8 +185,8 @@ async def test_the_migration_keeps_every_job_in_the_order_it_listed_in_before(
             with pytest.raises(sqlite3.IntegrityError, match=r"conveyor_jobs\.id"):
                 conn.execute(
                     "INSERT INTO conveyor_jobs (id, type, queue, payload, status, "
-                    "max_attempts, run_at, backoff_base, backoff_cap, created_us) "
-                    "VALUES ('a', 't', 'q', '{}', 'queued', 3, 0, 1, 60, 1)"
+                    "max_attempts, run_at, backoff_base, backoff_cap, created_us, created_at) "
+                    "VALUES ('a', 't', 'q', '{}', 'queued', 3, 0, 1, 60, 1, 0.000001)"
                 )
         assert "conveyor_jobs_created" not in indexes
         assert {"conveyor_jobs_claim", "conveyor_jobs_tenant_created"} <= indexes
@@ -195,3 +195,32 @@ async def test_the_migration_keeps_every_job_in_the_order_it_listed_in_before(
         assert fresh.job.created_at == datetime.fromtimestamp(clock.now, UTC)
     finally:
         await upgraded.close()
+
+
+async def test_a_release_before_the_key_can_still_submit_and_its_job_lists_in_order(
+    store: SQLiteStore, clock: FakeClock, path: str
+) -> None:
+    """During a rolling deploy the release before migration 14 still runs: it writes
+    created_at and not the key, and SQLite gives its job the key after the newest job's."""
+    await store.submit([new("new-1")])
+    clock.advance(5)
+    with sqlite3.connect(path) as conn:  # the older release's insert_job, as it was
+        conn.execute(
+            "INSERT INTO conveyor_jobs (id, type, queue, payload, status, max_attempts, "
+            "run_at, backoff_base, backoff_cap, created_at) "
+            "VALUES ('old-1', 't', 'default', '{\"n\": 1}', 'queued', 3, ?, 1, 60, ?) "
+            "ON CONFLICT DO NOTHING",
+            (clock.now, clock.now),
+        )
+    clock.advance(5)
+    await store.submit([new("new-2")])
+    old = await store.get("old-1")
+    assert old is not None and old.created_at == datetime.fromtimestamp(clock.now - 5, UTC)
+    assert await _page(store) == ["new-2", "old-1", "new-1"]
+    assert [
+        job.id for job in await store.claim(worker_id="w", queues=["default"], limit=9, lease=30)
+    ] == [
+        "new-1",
+        "old-1",
+        "new-2",
+    ]

@@ -32,21 +32,21 @@ from conveyor.store.protocol import Inserted, Submitted
 from conveyor.store.sqlite._codec import epoch
 
 # The columns a job binds, from the job row's declaration (a job with dependencies takes
-# the general steps): the plain ones always, in the order of its row, then run_at and
-# created_us, the table's key (status is 'queued' in the text); the sparse ones only when
-# any job of the batch sets one.
+# the general steps): the plain ones always, in the order of its row, then run_at,
+# created_us (the table's key) and created_at (the same time in seconds; status is
+# 'queued' in the text); the sparse ones only when any job of the batch sets one.
 # The payload is bound last of the plain ones, as its text (NewJob.payload_json).
 _BOUND = tuple(c for c in SUBMITTED if c.kind is not Kind.IDS)
 _PLAIN_COLUMNS = tuple(c for c in _BOUND if not c.sparse and c.name != "payload")
 _SPARSE_COLUMNS = tuple(c for c in _BOUND if c.sparse)
-_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "payload", "run_at", "created_us")
+_PLAIN = (*(c.name for c in _PLAIN_COLUMNS), "payload", "run_at", "created_us", "created_at")
 _FULL = (*_PLAIN, *(c.name for c in _SPARSE_COLUMNS))
 _WRITES = {kind: "{}" for kind in Kind} | {Kind.JSON: "compact({})"}
 _plain_values = job_writer(
     _WRITES,
     {"compact": compact},
     columns=_PLAIN_COLUMNS,
-    after=("payload", "run_at", "created_us"),
+    after=("payload", "run_at", "created_us", "created_at"),
     form="tuple",
 )
 _sparse_values = job_writer(_WRITES, {"compact": compact}, columns=_SPARSE_COLUMNS, form="tuple")
@@ -89,7 +89,7 @@ class CreationTimes:
 
 def created_at(created_us: int) -> datetime:
     """The creation time of a job of key ``created_us``, as conveyor_jobs.created_at
-    reads back (the same division, then the same rounding to a datetime)."""
+    (written as ``created_us / 1_000_000``) reads back."""
     return datetime.fromtimestamp(created_us / 1_000_000, UTC)
 
 
@@ -137,9 +137,9 @@ def insert_chunks(
             template = chunk.template
             run_at = _run_at(template, now)
             row = _row(template, run_at, 0, full)
-            # The values between the payload and the key, and those after the key.
+            # The values between the payload and the creation time, and those after it.
             before, between = row[1:_PAYLOAD], row[_PAYLOAD + 1 : _CREATED]
-            after = row[_CREATED + 1 :]
+            after = row[_CREATED + 2 :]
             created_us = first_us + len(run_ats)
             for job_id, text in zip(chunk.ids, chunk.texts, strict=True):
                 values.append(job_id)
@@ -147,6 +147,7 @@ def insert_chunks(
                 values.append(text)
                 values += between
                 values.append(created_us)
+                values.append(created_us / 1_000_000)
                 values += after
                 created_us += 1
             run_ats += [run_at] * len(chunk)
@@ -229,7 +230,9 @@ def _run_at(job: NewJob, now: float) -> float:
 def _row(job: NewJob, run_at: float, created_us: int, full: bool) -> tuple[Any, ...]:
     """A job's bound values: the plain columns (its payload as its JSON text), and the
     sparse ones too when the statement names them (``full``)."""
-    values: tuple[Any, ...] = _plain_values(job, job.payload_json(), run_at, created_us)
+    values: tuple[Any, ...] = _plain_values(
+        job, job.payload_json(), run_at, created_us, created_us / 1_000_000
+    )
     return values + _sparse_values(job) if full else values
 
 

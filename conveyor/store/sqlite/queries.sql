@@ -12,12 +12,12 @@ INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
     unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_us
+    created_us, created_at
 ) VALUES (
     :id, :type, :queue, :tenant, :payload, :status, :priority, :max_attempts, :run_at,
     :timeout, :lease_seconds, :backoff_base, :backoff_cap, :state, :parent_id, :root_id,
     :depends_on, :unique_key, :concurrency_key, :retry_of, :trace_context, :retry_count,
-    :submitted_by, :created_us
+    :submitted_by, :created_us, :created_us / 1000000.0
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -29,7 +29,7 @@ INSERT INTO conveyor_jobs (
     id, type, queue, tenant, payload, status, priority, max_attempts, run_at, timeout,
     lease_seconds, backoff_base, backoff_cap, state, parent_id, root_id, depends_on,
     unique_key, concurrency_key, retry_of, trace_context, retry_count, submitted_by,
-    created_us
+    created_us, created_at
 )
 SELECT
     json_extract(value, '$.id'), json_extract(value, '$.type'), json_extract(value, '$.queue'),
@@ -43,7 +43,7 @@ SELECT
     json_extract(value, '$.unique_key'), json_extract(value, '$.concurrency_key'),
     json_extract(value, '$.retry_of'), json_extract(value, '$.trace_context'),
     json_extract(value, '$.retry_count'), json_extract(value, '$.submitted_by'),
-    json_extract(value, '$.created_us')
+    json_extract(value, '$.created_us'), json_extract(value, '$.created_us') / 1000000.0
 FROM json_each(:jobs)
 WHERE true  -- without a WHERE, SQLite would read ON CONFLICT as a join's ON
 ORDER BY key

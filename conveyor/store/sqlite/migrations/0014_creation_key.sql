@@ -1,11 +1,15 @@
 -- Jobs stored in creation order. The table's key becomes the job's creation time in
--- microseconds (created_us, an INTEGER PRIMARY KEY: SQLite's rowid), unique to each job;
--- created_at is computed from it (a virtual column, nothing stored). The jobs list newest
--- or oldest first, and a time filter is a range, on the table itself: the index by
--- creation time goes, and with it one of the four b-trees every new job was written into
--- (its row, its id's key, the claim index and that one). The id keeps a unique index of
--- its own. Jobs created in the same microsecond (a batch) take the microseconds after it,
--- in submission order.
+-- microseconds (created_us, an INTEGER PRIMARY KEY: SQLite's rowid), unique to each job,
+-- and created_at holds the same time in seconds. The jobs list newest or oldest first,
+-- and a time filter is a range, on the table itself: the index by creation time goes,
+-- and with it one of the four b-trees every new job was written into (its row, its id's
+-- key, the claim index and that one). The id keeps a unique index of its own. Jobs
+-- created in the same microsecond (a batch) take the microseconds after it, in
+-- submission order.
+--
+-- created_at stays a stored column, so that a release before this one, which writes
+-- created_at and not the key, can still submit during a rolling deploy: SQLite gives
+-- such a job the key after the newest job's, so it lists in the order it was written.
 --
 -- The table is made again and the jobs copied in (SQLite cannot change a table's key in
 -- place): on a large table this takes a while, holding every other write back; stop the
@@ -41,7 +45,7 @@ CREATE TABLE conveyor_jobs_by_creation (
     unique_key        TEXT,
     concurrency_key   TEXT,
     retry_of          TEXT,
-    created_at        REAL NOT NULL GENERATED ALWAYS AS (created_us / 1000000.0) VIRTUAL,
+    created_at        REAL NOT NULL,
     started_at        REAL,
     finished_at       REAL,
     lease_owner       TEXT,
@@ -58,27 +62,29 @@ CREATE TABLE conveyor_jobs_by_creation (
 -- rows up to it: its own t when no earlier row pushed past it, else one more than the
 -- row before; strictly increasing either way.
 INSERT INTO conveyor_jobs_by_creation (
-    created_us, id, type, queue, tenant, payload, status, priority, attempt, max_attempts,
-    run_at, timeout, lease_seconds, backoff_base, backoff_cap, progress_done,
+    created_us, created_at, id, type, queue, tenant, payload, status, priority, attempt,
+    max_attempts, run_at, timeout, lease_seconds, backoff_base, backoff_cap, progress_done,
     progress_total, progress_message, state, result, result_ref, error, parent_id, root_id,
     depends_on, unique_key, concurrency_key, retry_of, started_at, finished_at, lease_owner,
     lease_expires_at, lease_token, cancel_requested, trace_context, retry_count, retried_by,
     submitted_by
 )
 SELECT
-    r + max(us - r) OVER (ORDER BY r ROWS UNBOUNDED PRECEDING),
-    id, type, queue, tenant, payload, status, priority, attempt, max_attempts,
-    run_at, timeout, lease_seconds, backoff_base, backoff_cap, progress_done,
+    k, k / 1000000.0, id, type, queue, tenant, payload, status, priority, attempt,
+    max_attempts, run_at, timeout, lease_seconds, backoff_base, backoff_cap, progress_done,
     progress_total, progress_message, state, result, result_ref, error, parent_id, root_id,
     depends_on, unique_key, concurrency_key, retry_of, started_at, finished_at, lease_owner,
     lease_expires_at, lease_token, cancel_requested, trace_context, retry_count, retried_by,
     submitted_by
 FROM (
-    SELECT *, CAST(round(created_at * 1000000) AS INTEGER) AS us,
-           row_number() OVER (ORDER BY created_at, id) AS r
-    FROM conveyor_jobs
+    SELECT *, r + max(us - r) OVER (ORDER BY r ROWS UNBOUNDED PRECEDING) AS k
+    FROM (
+        SELECT *, CAST(round(created_at * 1000000) AS INTEGER) AS us,
+               row_number() OVER (ORDER BY created_at, id) AS r
+        FROM conveyor_jobs
+    )
 )
-ORDER BY r;
+ORDER BY k;
 
 DROP TABLE conveyor_jobs;
 ALTER TABLE conveyor_jobs_by_creation RENAME TO conveyor_jobs;
