@@ -123,17 +123,13 @@ def key_by_creation(url: str) -> None:
     if not url.startswith("sqlite:"):
         return
     import sqlite3
-    from importlib import resources
 
+    from conveyor.store._queries import load_migrations, statements
     from conveyor.store.sqlite.backend import parse_sqlite_url
 
-    folder = resources.files("conveyor.store.sqlite").joinpath("migrations")
-    (migration,) = [m for m in folder.iterdir() if m.name.endswith("_creation_key.sql")]
-    code = "\n".join(
-        line for line in migration.read_text().splitlines() if not line.lstrip().startswith("--")
-    )
-    statements = [s for s in code.split(";") if s.strip()]
-    table_part = [s for s in statements if "INDEX" not in s]
+    migrations = load_migrations("conveyor.store.sqlite")
+    (migration,) = [sql for _, name, sql in migrations if name.endswith("_creation_key.sql")]
+    table_part = [s for s in statements(migration) if "INDEX" not in s]
     conn = sqlite3.connect(parse_sqlite_url(url), isolation_level=None)
     try:
         indexes = [

@@ -37,3 +37,15 @@ def load_migrations(package: str) -> list[tuple[int, str, str]]:
     if versions != list(range(1, len(versions) + 1)):
         raise RuntimeError(f"migrations in {package} are not numbered 1..n: {versions}")
     return found
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of a migration's text, one at a time (for a driver that runs one
+    statement a call). Comment lines may hold semicolons: they are dropped first, and the
+    rest split at each one.
+
+    >>> statements("-- one; two\\nCREATE TABLE t (a);\\n\\nDROP TABLE t;")
+    ['CREATE TABLE t (a)', 'DROP TABLE t']
+    """
+    code = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in code.split(";") if s.strip()]

@@ -29,7 +29,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob, SameJobs
 from conveyor.store._rows import SUBMITTED, Kind, job_writer, sets_sparse
 from conveyor.store.protocol import Inserted, Submitted
-from conveyor.store.sqlite._codec import epoch
+from conveyor.store.sqlite._codec import epoch, micros
 
 # The columns a job binds, from the job row's declaration (a job with dependencies takes
 # the general steps): the plain ones always, in the order of its row, then run_at,
@@ -68,8 +68,7 @@ class CreationTimes:
     Kept here, not read from the table at each submit: another process's jobs may hold
     the microsecond (its batch took the ones after its own submit), and then the insert
     creates nothing and the general steps, which read the table's last one
-    (``next_created_us``), insert the jobs instead; :meth:`catch_up` then starts after
-    them.
+    (``next_created_us``), insert the jobs instead; :meth:`saw` then starts after them.
     """
 
     def __init__(self) -> None:
@@ -81,10 +80,11 @@ class CreationTimes:
         self._last = first + count - 1
         return first
 
-    def catch_up(self, conn: sqlite3.Connection) -> None:
-        """Give the next jobs microseconds after every job the table holds."""
-        (last,) = conn.execute("SELECT coalesce(max(created_us), 0) FROM conveyor_jobs").fetchone()
-        self._last = max(self._last, last)
+    def saw(self, submitted: Sequence[Submitted]) -> None:
+        """Give the next jobs microseconds after those of ``submitted`` (jobs the general
+        steps wrote, or found)."""
+        if submitted:
+            self._last = max(self._last, max(micros(s.job.created_at) for s in submitted))
 
 
 def created_at(created_us: int) -> datetime:

@@ -22,7 +22,7 @@ from conveyor.core.model import JSON, Attempt, Job, NewJob, Progress, Settlement
 from conveyor.errors import ConfigurationError, NotAConveyorDatabase
 from conveyor.store import scripts
 from conveyor.store._fairness import TenantMix
-from conveyor.store._queries import load_migrations, load_queries
+from conveyor.store._queries import load_migrations, load_queries, statements
 from conveyor.store._reads import SharedReads
 from conveyor.store._rows import STATUS
 from conveyor.store._scripted import ScriptedOps
@@ -272,13 +272,8 @@ class SQLiteStore(ScriptedOps, SharedReads):
             for version, name, sql in _MIGRATIONS:
                 if version in done:
                     continue
-                # Comments may hold semicolons; statements are split only outside them.
-                code = "\n".join(
-                    line for line in sql.splitlines() if not line.lstrip().startswith("--")
-                )
-                for statement in code.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in statements(sql):
+                    conn.execute(statement)
                 params = {"version": version, "name": name, "now": self._clock()}
                 conn.execute(_Q["record_migration"], params)
                 applied.append(name)
@@ -333,10 +328,7 @@ class SQLiteStore(ScriptedOps, SharedReads):
         def insert(conn: sqlite3.Connection) -> Inserted | None:
             now = self._clock()
             count = sum(len(chunk) for chunk in prepared)
-            inserted = insert_chunks(conn, prepared, now, self._creation.take(now, count))
-            if inserted is None:
-                self._creation.catch_up(conn)  # in case another's jobs held our microseconds
-            return inserted
+            return insert_chunks(conn, prepared, now, self._creation.take(now, count))
 
         return await self._write(insert)
 
@@ -358,9 +350,9 @@ class SQLiteStore(ScriptedOps, SharedReads):
                     if created is not None:
                         return created
             # The general steps take the microseconds after the table's last.
-            submitted_jobs = self._drive(conn, submit_steps(jobs, now), now)
-            self._creation.catch_up(conn)
-            return submitted_jobs
+            general = self._drive(conn, submit_steps(jobs, now), now)
+            self._creation.saw(general)
+            return general
 
         return submit
 
