@@ -211,6 +211,36 @@ async def test_a_task_submitting_one_job_after_another_writes_each_on_the_spot(
     assert await store.get("mine-3") is not None
 
 
+async def test_a_job_submitted_on_the_spot_is_one_statement_that_commits_by_itself(
+    store: SQLiteStore, tmp_path: pathlib.Path
+) -> None:
+    """Issue 31: on the spot, a job without dependencies is one INSERT sent outside any
+    transaction (SQLite commits it by itself: no BEGIN and COMMIT sent around it), from a
+    task and from a blocking caller (submit_now) alike; one whose id is taken writes
+    nothing that way and the usual transaction returns the job holding it."""
+    conn = store._conn
+    assert conn is not None
+    await store.submit([new("first")])  # noted as the last to ask
+    sent: list[str] = []
+    conn.set_trace_callback(sent.append)
+    try:
+        [second] = await store.submit([new("second")])
+        done_now = await asyncio.to_thread(store.submit_now, [new("third")])
+        spot = list(sent)
+        again = await store.submit([new("second", payload={"other": 1})])
+    finally:
+        conn.set_trace_callback(None)
+    assert second.created and second.job.id == "second"
+    assert done_now is not None and done_now[0].created
+    assert [statement.split()[0] for statement in spot] == ["INSERT", "INSERT"], spot
+    with sqlite3.connect(tmp_path / "writes.db") as other:
+        ids = {r[0] for r in other.execute("SELECT id FROM conveyor_jobs")}
+    assert ids == {"first", "second", "third"}  # committed, seen by another connection
+    # The taken id: the one statement inserts nothing, then a transaction finds the job.
+    assert not again[0].created and again[0].job.payload == second.job.payload
+    assert "BEGIN IMMEDIATE" in sent[len(spot) :]
+
+
 async def test_a_run_of_writes_on_the_spot_still_gives_the_loop_its_turns(
     store: SQLiteStore,
 ) -> None:

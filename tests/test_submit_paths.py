@@ -246,19 +246,21 @@ def test_a_pause_is_not_joined_once_old_so_overlapping_submits_cannot_hold_it_fo
 
 async def test_submit_many_pauses_the_collector_only_while_it_runs(app: Conveyor) -> None:
     seen: list[bool] = []
-    original = app.prepare
+    original = app.registry.get
 
-    def prepare(submissions: Any, **options: Any) -> Any:
+    def get(name: str) -> Any:  # each submit looks its type up
         seen.append(gc.isenabled())
-        return original(submissions, **options)
+        return original(name)
 
-    app.prepare = prepare  # type: ignore[method-assign]
+    app.registry.get = get  # type: ignore[method-assign]
     try:
         await app.submit_many([Submission("typed", {"n": i}) for i in range(200)])
+        batch, seen[:] = list(seen), []
         await app.submit_many([Submission("typed", {"n": 1})])
     finally:
         await app.close()
-    assert seen == [False, True] and gc.isenabled()
+    assert batch and not any(batch), "the batch ran with the collector paused"
+    assert seen and all(seen) and gc.isenabled(), "a single job's submit does not pause it"
 
 
 async def test_a_plain_submit_stores_what_the_long_way_stores(tmp_path: Path) -> None:

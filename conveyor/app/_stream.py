@@ -18,13 +18,16 @@ each, and one :class:`~conveyor.store.Inserted` for the batch.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from operator import attrgetter
 from typing import Any
 
-from conveyor.app.handles import InsertedHandle, JobHandle, JobSource, Submission
-from conveyor.core.model import NewJob, SameJobs
+from conveyor.app._results import inserted_handles, submitted_handles
+from conveyor.app._submit import streamed_jobs
+from conveyor.app.handles import JobHandle, JobSource, Submission
+from conveyor.app.registry import Registry
+from conveyor.core.ids import new_ids_when_asked
+from conveyor.core.model import NewJob
+from conveyor.observe import tracing
 from conveyor.observe.metrics import Metrics
 from conveyor.store.protocol import Inserted, Submitted
 
@@ -96,27 +99,29 @@ async def submit_streamed(
     return inserted
 
 
-def inserted_handles(app: JobSource, metrics: Metrics, inserted: Inserted) -> list[JobHandle]:
-    """Handles on the jobs a store has just inserted (all of them new), each job's record
-    made when first read, and the jobs counted as submitted in ``metrics``."""
-    # Counted once per type and queue, not once per job.
-    counts: Counter[tuple[str, str]] = Counter()
-    handles: list[JobHandle] = []
-    run_at, creation = iter(inserted.run_at), inserted.creation
-    for chunk in inserted.chunks:
-        if isinstance(chunk, SameJobs):
-            counts[chunk.template.type, chunk.template.queue] += len(chunk)
-        else:
-            counts.update(map(_type_and_queue, chunk))
-        offset = len(handles)
-        handles += [
-            InsertedHandle(app, chunk, i, next(run_at), creation, offset + i)
-            for i in range(len(chunk))
-        ]
-    for (job_type, queue), n in counts.items():
-        metrics.of(job_type, queue).submitted.inc(n)
-    return handles
-
-
-# What a new job's submitted count is kept by (Metrics.of).
-_type_and_queue = attrgetter("type", "queue")
+async def submit_large(
+    app: JobSource,
+    metrics: Metrics,
+    store: object,
+    registry: Registry,
+    submissions: Sequence[Submission],
+    now: float,
+) -> list[JobHandle] | None:
+    """Submit a :func:`streamable` batch of ``registry``'s types, submitted at ``now``, by
+    ``store``'s COPY (:func:`submit_streamed`) and return the handles on its jobs (their
+    creations counted in ``metrics``); None when ``store`` cannot stream it."""
+    parent = tracing.current_traceparent()
+    # The batch's ids made together, in order (see new_ids), and taken by its chunks in
+    # turn (each prepared once, in order); none made if the store does not stream
+    # (SQLite: the usual way makes them).
+    ids = new_ids_when_asked(now, len(submissions))
+    streamed = await submit_streamed(
+        store,
+        submissions,
+        lambda part: streamed_jobs(registry, part, now, parent, "local", ids),
+    )
+    if isinstance(streamed, Inserted):
+        return inserted_handles(app, metrics, streamed)
+    if streamed is not None:
+        return submitted_handles(app, metrics, *streamed)
+    return None

@@ -6,7 +6,7 @@ jobs submitted together refused before anything is stored."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from typing import cast
@@ -95,7 +95,8 @@ def new_jobs(
         if fields is not None and payload is not None and _own_name(s):
             # Its payload checked already, its options its type's: what new_job would
             # make of it, without new_job's checks, which cannot fail for it.
-            job = _built(next(ids), s, payload, fields, traceparent, submitted_by)
+            job = _built(next(ids), s.type, payload, fields, s.unique_key, s.concurrency_key,
+                         traceparent, submitted_by)  # fmt: skip
         else:
             job_id = next(ids) if s.id is None else None
             job = new_job(registry, s, now, traceparent, submitted_by, payload, job_id, fields)
@@ -131,7 +132,8 @@ def streamed_jobs(
     n = len(submissions)
     job_ids = new_ids(now, n) if ids is None else list(islice(ids, n))
     fields = _defaults(job_type)
-    template = _built(job_ids[0], first, checked[0], fields, traceparent, submitted_by)
+    template = _built(job_ids[0], first.type, checked[0], fields, first.unique_key,
+                      first.concurrency_key, traceparent, submitted_by)  # fmt: skip
     template.payload_text = written[0]
     return SameJobs(template, job_ids, checked, written)
 
@@ -147,14 +149,20 @@ def plain(s: Submission) -> bool:
 
 
 def plain_job(
-    registry: Registry, s: Submission, now: float, traceparent: str | None, submitted_by: str
+    registry: Registry,
+    name: str,
+    payload: Mapping[str, JSON],
+    now: float,
+    traceparent: str | None,
+    submitted_by: str,
 ) -> NewJob:
-    """The job of a :func:`plain` submission, as :func:`new_job` makes it, with the type's
-    options read once for all its jobs (the common submit, made once per job: a batch's
-    machinery would cost more than the job)."""
-    job_type = registry.get(s.type)
-    checked, text = job_type.validate_text(s.payload)
-    job = _built(new_id(now), s, checked, _defaults(job_type), traceparent, submitted_by)
+    """The job of a :func:`plain` submission of type ``name``, as :func:`new_job` makes
+    it, with the type's options read once for all its jobs (the common submit, made once
+    per job: a batch's machinery would cost more than the job)."""
+    job_type = registry.get(name)
+    checked, text = job_type.validate_text(payload)
+    fields = _defaults(job_type)
+    job = _built(new_id(now), name, checked, fields, None, None, traceparent, submitted_by)
     job.payload_text = text
     return job
 
@@ -179,16 +187,18 @@ def _own_name(s: Submission) -> bool:
 
 def _built(
     job_id: str,
-    s: Submission,
+    name: str,
     payload: dict[str, JSON],
     fields: _Fields,
+    unique_key: str | None,
+    concurrency_key: str | None,
     traceparent: str | None,
     submitted_by: str,
 ) -> NewJob:
-    """The job of a submission that :func:`_own_name` holds for, its payload checked and
-    its options settled (by position: by keyword, the call costs more than the rest of
-    the job's making)."""
-    return NewJob(job_id, s.type, payload, *fields, None, s.unique_key, s.concurrency_key,
+    """The job of a submission of type ``name`` that :func:`_own_name` holds for, its
+    payload checked and its options settled (by position: by keyword, the call costs
+    more than the rest of the job's making)."""
+    return NewJob(job_id, name, payload, *fields, None, unique_key, concurrency_key,
                   (), None, None, None, None, traceparent, 0, submitted_by)  # fmt: skip
 
 

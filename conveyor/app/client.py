@@ -29,12 +29,12 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from conveyor.app._gcpause import collector_paused
-from conveyor.app._stream import inserted_handles, streamable, submit_streamed
+from conveyor.app._results import inserted_handle, submitted_handles
+from conveyor.app._stream import streamable, submit_large
 from conveyor.app._submit import check_acyclic
 from conveyor.app._submit import new_jobs as _new_jobs
 from conveyor.app._submit import plain as _plain
 from conveyor.app._submit import plain_job as _plain_job
-from conveyor.app._submit import streamed_jobs as _streamed_jobs
 from conveyor.app._sync import SyncConveyor
 from conveyor.app._tokens import Tokens
 from conveyor.app._trees import DEFAULT_RETRY_LIMIT, Trees
@@ -64,13 +64,12 @@ from conveyor.core.cron import CatchUp, Cron, Overlap, Schedule
 from conveyor.core.durations import Duration
 from conveyor.core.filter import FilterKeywords, JobFilter
 from conveyor.core.flow import parse_rate
-from conveyor.core.ids import new_id, new_ids_when_asked, qualify
+from conveyor.core.ids import new_id, qualify
 from conveyor.core.model import JSON, Attempt, NewJob
 from conveyor.core.retry import Backoff
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
-    IdempotencyConflict,
     JobNotFound,
     ScheduleNotFound,
 )
@@ -132,6 +131,10 @@ class Conveyor:
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        # The store last opened or found open, and its loop, by weak references (neither
+        # kept alive by it): the common submit finds it without a look in _stores.
+        self._last_store: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[Store]] | None
+        self._last_store = None
         self._tokens = Tokens(self.store, self.registry)
         self._trees = Trees(self)
         self.tenants = TenantLimits()  # the operator's per-tenant limits (app/tenants.py)
@@ -287,6 +290,7 @@ class Conveyor:
     async def close(self) -> None:
         """Close this event loop's store."""
         store = self._stores.pop(asyncio.get_running_loop(), None)
+        self._last_store = None
         if store is not None:
             await store.close()
 
@@ -327,6 +331,22 @@ class Conveyor:
         application's own transaction instead: it exists only if that transaction commits.
         """
         name = type.name if isinstance(type, JobDefinition) else type
+        if (
+            id is None
+            and queue is None
+            and priority is None
+            and run_at is None
+            and delay is None
+            and max_attempts is None
+            and timeout is None
+            and unique_key is None
+            and tenant is None
+            and not depends_on
+            and concurrency_key is None
+            and connection is None
+            and not tracing.enabled()
+        ):
+            return await self._submit_plain(name, {} if payload is None else payload)
         submission = Submission(
             type=name,
             payload=payload if payload is not None else {},
@@ -355,33 +375,14 @@ class Conveyor:
         now = self._wallclock()
         if len(submissions) == 1 and _plain(submissions[0]):  # the common submit
             s = submissions[0]
-            return [_plain_job(self.registry, s, now, traceparent, submitted_by)]
+            return [_plain_job(self.registry, s.type, s.payload, now, traceparent, submitted_by)]
         new_jobs = _new_jobs(self.registry, submissions, now, traceparent, submitted_by)
         check_acyclic(new_jobs)
         return new_jobs
 
     def handles(self, new_jobs: Sequence[NewJob], results: Sequence[Submitted]) -> list[JobHandle]:
         """Turn a store's submit results into handles, refusing an id reused differently."""
-        handles = []
-        created: dict[tuple[str, str], int] = {}
-        try:
-            for new, submitted in zip(new_jobs, results, strict=True):
-                job = submitted.job
-                same_id = not submitted.created and job.id == new.id
-                if same_id and (job.type != new.type or job.payload != new.payload):
-                    raise IdempotencyConflict(
-                        f"job {new.id!r} exists with another type or payload; "
-                        "use a new id for a different job"
-                    )
-                handles.append(JobHandle(self, job))
-                if submitted.created:
-                    key = (job.type, job.queue)
-                    created[key] = created.get(key, 0) + 1
-        finally:
-            # Counted once per type and queue, not once per job.
-            for (job_type, queue), n in created.items():
-                self.metrics.of(job_type, queue).submitted.inc(n)
-        return handles
+        return submitted_handles(self, self.metrics, new_jobs, results)
 
     async def submit_many(
         self, submissions: Sequence[Submission], *, connection: Any = None
@@ -397,32 +398,40 @@ class Conveyor:
             and _plain(submissions[0])
             and not tracing.enabled()
         ):
-            # One job that sets nothing but its type and payload (the common submit): no
-            # check of a batch, a tenant or a span applies to it.
-            new_jobs = self.prepare(submissions)
-            return self.handles(new_jobs, await (await self.store()).submit(new_jobs))
+            s = submissions[0]
+            return [await self._submit_plain(s.type, s.payload)]
         with collector_paused(len(submissions)), tracing.submit_span(submissions):
             store = self._stores.get(asyncio.get_running_loop())  # open already?
             if store is not None and streamable(submissions, connection):
-                now, parent = self._wallclock(), tracing.current_traceparent()
-                # The batch's ids made together, in order (see new_ids), and taken by its
-                # chunks in turn (each prepared once, in order); none made if the store
-                # does not stream (SQLite: the usual way below makes them).
-                ids = new_ids_when_asked(now, len(submissions))
-                streamed = await submit_streamed(
-                    store,
-                    submissions,
-                    lambda part: _streamed_jobs(self.registry, part, now, parent, "local", ids),
+                streamed = await submit_large(
+                    self, self.metrics, store, self.registry, submissions, self._wallclock()
                 )
-                if isinstance(streamed, Inserted):
-                    return inserted_handles(self, self.metrics, streamed)
                 if streamed is not None:
-                    return self.handles(*streamed)
+                    return streamed
             new_jobs = self.prepare(submissions)
             store = await self.store()
             await self.tenants.check_room(store, new_jobs)
             results = await store.submit(new_jobs, connection=connection)
             return self.handles(new_jobs, results)
+
+    async def _submit_plain(self, name: str, payload: Mapping[str, JSON]) -> JobHandle:
+        """Submit one job of type ``name`` that sets nothing but its payload (the common
+        submit): no check of a batch, a tenant or a span applies to it. A store that
+        inserts a job as it was submitted (SQLite's ``submit_new``) returns it as such,
+        and the handle makes the job's record when it is first read."""
+        traceparent = tracing.current_traceparent()
+        job = _plain_job(self.registry, name, payload, self._wallclock(), traceparent, "local")
+        loop, last = asyncio.get_running_loop(), self._last_store
+        store = last[1]() if last is not None and last[0]() is loop else None
+        if store is None:
+            store = await self.store()
+            self._last_store = weakref.ref(loop), weakref.ref(store)
+        submit_new = getattr(store, "submit_new", None)
+        if submit_new is not None:
+            inserted: Inserted | None = await submit_new(job)
+            if inserted is not None:
+                return inserted_handle(self, self.metrics, job, inserted)
+        return self.handles([job], await store.submit([job]))[0]
 
     def new_job_id(self, tenant: str | None = None) -> str:
         """A new time-sortable job id, as stored for a job of ``tenant``."""

@@ -204,22 +204,22 @@ def _insert_rows(
     return True
 
 
-def insert_one(
+def insert_new(
     conn: sqlite3.Connection, job: NewJob, now: float, created_us: int
-) -> Submitted | None:
+) -> Inserted | None:
     """Insert one job without dependencies submitted at ``now``, created at microsecond
-    ``created_us``, in the caller's transaction, as :func:`insert_plain` inserts a batch
-    of one (binding only the columns it sets); None, with nothing written, when its id,
-    an active unique key or its microsecond is taken."""
+    ``created_us``, in one statement (the caller's transaction, or its own), as
+    :func:`insert_plain` inserts a batch of one (binding only the columns it sets); None,
+    with nothing written, when its id, an active unique key or its microsecond is taken.
+    Returns it as an :class:`Inserted`, whose handle makes the job's record when read."""
     if job.depends_on:
-        raise ValueError("insert_one takes a job without dependencies")
+        raise ValueError("insert_new takes a job without dependencies")
     run_at = _run_at(job, now)
     full = _sets_sparse((job,))
     statement = _statement(_FULL if full else _PLAIN, 1)
     if conn.execute(statement, _row(job, run_at, created_us, full)).rowcount != 1:
         return None
-    due = datetime.fromtimestamp(run_at, UTC)
-    return Submitted(job.stored(Status.QUEUED, due, created_at(created_us)), created=True)
+    return Inserted([(job,)], [datetime.fromtimestamp(run_at, UTC)], created_at(created_us))
 
 
 def _run_at(job: NewJob, now: float) -> float:

@@ -153,16 +153,19 @@ class GroupWriter:
         then: Callable[[T], None] | None = None,
         *,
         here: bool = False,
+        alone: bool = False,
     ) -> T:
         """Run ``fn`` in a write transaction, with the writes asked during this loop turn
-        (``here``: on this thread if it can, see the module's docstring)."""
+        (``here``: on this thread if it can, see the module's docstring; ``alone``: as
+        :meth:`write_now` takes it, when it runs on the spot)."""
         if here and self._asked_last():
-            done, result = self.write_now(fn)
+            done, result = self.write_now(fn, alone=alone)
             if done:
                 written = cast(T, result)  # write_now's result, once done
                 if then is not None:
                     then(written)
-                await self._turn_now_and_then()
+                if self._turn_due():
+                    await asyncio.sleep(0)
                 return written
         self._spot_since = None
         loop = asyncio.get_running_loop()
@@ -193,15 +196,17 @@ class GroupWriter:
         with self._lock:
             return not self._queue and not self._sent
 
-    async def _turn_now_and_then(self) -> None:
-        """After a write on the spot: give the loop a turn once the run of them has lasted
-        ``_SPOT_SLICE`` (each returns without one, see the module's docstring)."""
+    def _turn_due(self) -> bool:
+        """After a write on the spot: whether to give the loop a turn, the run of them
+        having lasted ``_SPOT_SLICE`` (each returns without one, see the module's
+        docstring)."""
         now = time.monotonic()
         if self._spot_since is None:
             self._spot_since = now
         elif now - self._spot_since >= _SPOT_SLICE:
             self._spot_since = None
-            await asyncio.sleep(0)
+            return True
+        return False
 
     def _send(self, turn_over: threading.Event) -> None:
         try:
@@ -248,16 +253,28 @@ class GroupWriter:
             busy.release()
         _settle_futures(writes)
 
-    def write_now(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+    def write_now(
+        self, fn: Callable[[sqlite3.Connection], T], *, alone: bool = False
+    ) -> tuple[bool, T | None]:
         """Run ``fn`` in a write transaction of its own on the calling thread, a thread
         without an event loop (a blocking caller's): ``(True, result)`` once committed,
         or ``(False, None)``, with nothing done, if the store's thread runs something or
-        another connection holds the write lock (the caller then asks the usual way)."""
+        another connection holds the write lock (the caller then asks the usual way).
+
+        ``alone``: ``fn`` sends one statement, which runs outside any transaction and so
+        commits by itself (one statement sent instead of three: ``BEGIN IMMEDIATE``, it,
+        ``COMMIT``). Run in a group, on the store's thread, it is one write of many.
+        """
         busy = self._executor.busy
         if not busy.acquire(blocking=False):
             return False, None
         try:
             conn = self._conn
+            if alone:
+                try:
+                    return True, self._alone(conn, fn)
+                except _Locked:
+                    return False, None
             try:
                 self._begin_at_once(conn)
             except _Locked:
@@ -284,6 +301,31 @@ class GroupWriter:
             return True, result
         finally:
             busy.release()
+
+    def _alone(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a write of one statement as its own transaction, without waiting for another
+        connection's write lock (raises :class:`_Locked`, nothing done); its result (None:
+        it wrote nothing)."""
+        if not self._hasty:
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._hasty = True
+        self.commits_begun += 1
+        try:
+            result = fn(conn)
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise _Locked() from exc
+            if disk_full(exc):
+                release_wal(conn)
+                self._hasty = False  # release_wal left the store's busy timeout set
+            raise
+        finally:
+            self.commits_ended += 1
+        if result is not None:
+            self.groups += 1
+            self.writes += 1
+            self._on_commit(conn)
+        return result
 
     def _send_now(self) -> None:
         """Send the queue to the store's thread, the turn being over already."""
@@ -336,7 +378,7 @@ class GroupWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
+            if _busy(exc):
                 raise _Locked() from exc
             raise
 
@@ -403,6 +445,11 @@ def _attempt(conn: sqlite3.Connection, w: _Write[Any], shared: bool) -> bool:
     if shared:
         conn.execute("RELEASE conveyor_write")
     return True
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked": another connection writes."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
 
 
 def _deliver(writes: list[_Write[Any]]) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -51,7 +51,7 @@ from conveyor.store.sqlite._errors import translated
 from conveyor.store.sqlite._submit import (
     CreationTimes,
     insert_chunks,
-    insert_one,
+    insert_new,
     insert_plain,
 )
 from conveyor.store.sqlite._watcher import Watcher
@@ -153,19 +153,22 @@ class SQLiteStore(ScriptedOps, SharedReads):
         then: Callable[[T], None] | None = None,
         *,
         here: bool = False,
+        alone: bool = False,
     ) -> T:
         """Run ``fn`` inside a ``BEGIN IMMEDIATE`` transaction; ``then`` once committed.
 
         Writes asked during one turn of the event loop share the transaction, each in a
         savepoint of its own (see :mod:`._writer`). ``then`` gets the result on the
         thread that ran it, before the event loop does. ``here``: a small write the
-        loop's thread may run itself when the store's thread is idle.
+        loop's thread may run itself when the store's thread is idle; ``alone``: ``fn``
+        sends one statement, which then runs outside any transaction and commits by
+        itself (:meth:`GroupWriter.write_now`).
         """
         writer = self._writer
         if writer is None:
             raise RuntimeError("the store is not open: call open() first")
         with translated(self.path):
-            return await writer.write(fn, then, here=here)
+            return await writer.write(fn, then, here=here, alone=alone)
 
     def _committed(self, conn: sqlite3.Connection) -> None:
         watcher = self._watcher
@@ -296,8 +299,27 @@ class SQLiteStore(ScriptedOps, SharedReads):
             )
         if not jobs:
             return []
+        if len(jobs) == 1 and not jobs[0].depends_on:
+            inserted = await self.submit_new(jobs[0])
+            if inserted is not None:
+                return inserted.submitted()
         # A few jobs: written by the loop's thread when the store's is idle (no hand-off).
         return await self._write(self._submitter(jobs), here=len(jobs) <= _SUBMIT_HERE)
+
+    def submit_new(self, job: NewJob) -> Coroutine[Any, Any, Inserted | None]:
+        """Insert one job without dependencies as it was submitted, as one
+        :class:`Inserted` (the handle makes the job's record when it is read); None, with
+        nothing written, when its id, an active unique key or its creation microsecond is
+        taken (then :meth:`submit` finds the job holding it).
+
+        One ``INSERT``: when a task submits one job after another, it runs on the spot
+        outside any transaction, and SQLite commits it by itself
+        (:meth:`GroupWriter.write_now`); the clock is then read before the statement takes
+        the write lock, which it never waits for (another connection's lock sends it to
+        the store's thread, nothing written). A plain function returning the write to
+        await: the common submit's path has one coroutine less.
+        """
+        return self._write(self._inserter(job), here=True, alone=True)
 
     def submit_now(
         self, jobs: Sequence[NewJob], *, connection: object | None = None
@@ -311,6 +333,12 @@ class SQLiteStore(ScriptedOps, SharedReads):
         if writer is None or connection is not None or not jobs or len(jobs) > _SUBMIT_HERE:
             return None
         with translated(self.path):
+            if len(jobs) == 1 and not jobs[0].depends_on:
+                done, inserted = writer.write_now(self._inserter(jobs[0]), alone=True)
+                if not done:
+                    return None
+                if inserted is not None:
+                    return inserted.submitted()
             done, submitted = writer.write_now(self._submitter(jobs))
         return submitted if done else None
 
@@ -332,23 +360,26 @@ class SQLiteStore(ScriptedOps, SharedReads):
 
         return await self._write(insert)
 
+    def _inserter(self, job: NewJob) -> Callable[[sqlite3.Connection], Inserted | None]:
+        def insert(conn: sqlite3.Connection) -> Inserted | None:
+            now = self._clock()
+            return insert_new(conn, job, now, self._creation.take(now, 1))
+
+        return insert
+
     def _submitter(self, jobs: Sequence[NewJob]) -> Callable[[sqlite3.Connection], list[Submitted]]:
         def submit(conn: sqlite3.Connection) -> list[Submitted]:
             now = self._clock()  # one reading, under the write lock, for the whole batch
-            if not any(job.depends_on for job in jobs):
-                # The common submit: one prepared statement, and the jobs as written (the
+            if len(jobs) > 1 and not any(job.depends_on for job in jobs):
+                # The common batch: one prepared statement, and the jobs as written (the
                 # store knows every value); a taken id or unique key takes the general
                 # steps, which find the job holding it, and so does a creation
-                # microsecond another process's jobs took (CreationTimes).
+                # microsecond another process's jobs took (CreationTimes). A job alone
+                # came here after submit_new found something taken.
                 first_us = self._creation.take(now, len(jobs))
-                if len(jobs) == 1:
-                    submitted = insert_one(conn, jobs[0], now, first_us)
-                    if submitted is not None:
-                        return [submitted]
-                else:
-                    created = insert_plain(conn, jobs, now, first_us)
-                    if created is not None:
-                        return created
+                created = insert_plain(conn, jobs, now, first_us)
+                if created is not None:
+                    return created
             # The general steps take the microseconds after the table's last.
             general = self._drive(conn, submit_steps(jobs, now), now)
             self._creation.saw(general)
