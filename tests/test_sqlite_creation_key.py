@@ -69,6 +69,28 @@ async def test_a_batch_takes_a_microsecond_each_in_order_and_returns_what_is_sto
     assert later.job.created_at == start + timedelta(seconds=1)
 
 
+@pytest.mark.parametrize("dependent", [False, True], ids=["alone", "general steps"])
+async def test_a_creation_microsecond_reads_back_as_the_other_times_of_its_clock_reading(
+    store: SQLiteStore, clock: FakeClock, dependent: bool
+) -> None:
+    """A reading whose microsecond ``round(now * 1e6)`` rounds up while its time read back
+    (``datetime.fromtimestamp``) rounds down: the job's creation time and its run time,
+    both from that reading, read back the same, by either way of inserting it."""
+    clock.now = 1795851969.7887235
+    assert round(clock.now * 1e6) % 1_000_000 == 788724  # the case of the old rounding
+    if dependent:
+        await store.submit([new("first")])
+        clock.now += 1
+        [submitted] = await store.submit([new("job", depends_on=("first",))])
+    else:
+        [submitted] = await store.submit([new("job")])
+    read = await store.get("job")
+    assert read is not None and read.created_at == submitted.job.created_at
+    assert read.created_at == datetime.fromtimestamp(clock.now, UTC)
+    if not dependent:
+        assert read.run_at == read.created_at
+
+
 async def test_a_job_of_another_process_holding_the_microsecond_sends_a_submit_the_general_way(
     path: str, clock: FakeClock
 ) -> None:

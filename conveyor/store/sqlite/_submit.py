@@ -29,7 +29,7 @@ from conveyor.core.lifecycle import Status
 from conveyor.core.model import NewJob, SameJobs
 from conveyor.store._rows import SUBMITTED, Kind, job_writer, sets_sparse
 from conveyor.store.protocol import Inserted, Submitted
-from conveyor.store.sqlite._codec import epoch, micros
+from conveyor.store.sqlite._codec import epoch, epoch_micros, micros
 
 # The columns a job binds, from the job row's declaration (a job with dependencies takes
 # the general steps): the plain ones always, in the order of its row, then run_at,
@@ -76,7 +76,7 @@ class CreationTimes:
 
     def take(self, now: float, count: int) -> int:
         """The first of ``count`` microseconds for jobs submitted at ``now``."""
-        first = max(round(now * 1_000_000), self._last + 1)
+        first = max(epoch_micros(now), self._last + 1)
         self._last = first + count - 1
         return first
 
