@@ -5,7 +5,7 @@ jobs submitted together refused before anything is stored."""
 
 from __future__ import annotations
 
-import weakref
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
@@ -202,16 +202,14 @@ def _built(
                   (), None, None, None, None, traceparent, 0, submitted_by)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1024)
 def _defaults(job_type: JobType) -> _Fields:
     """The fields of a type's jobs that set no options of their own, read once per
-    registered type (whose options never change)."""
-    fields = _type_defaults.get(job_type)
-    if fields is None:
-        fields = _type_defaults[job_type] = _settle(job_type.options, _NO_OPTIONS)
-    return fields
+    registered type (whose options never change; a type is its own key, by identity,
+    kept while cached)."""
+    return _settle(job_type.options, _NO_OPTIONS)
 
 
-_type_defaults: weakref.WeakKeyDictionary[JobType, _Fields] = weakref.WeakKeyDictionary()
 _NO_OPTIONS = Submission(type="", payload={})
 
 
