@@ -36,6 +36,12 @@ another task's is never on the spot. Returning without a turn of the loop, a run
 writes would keep the loop from the other tasks (a worker's heartbeats, a server's other
 requests) for as long as it lasts: after ``_SPOT_SLICE`` of writes on the spot in a row,
 the next one gives the loop a turn before it returns.
+
+A job submitted alone on the spot is one ``INSERT`` that SQLite commits by itself
+(``alone``): sent outside any transaction, with no ``BEGIN IMMEDIATE`` and ``COMMIT`` around
+it, so three statements through the driver become one (the same WAL frames and fsync).
+Another connection's write lock makes it fail at once, nothing written, and the write goes
+to the store's thread as any; in a group, on the store's thread, it is one write of many.
 """
 
 from __future__ import annotations
