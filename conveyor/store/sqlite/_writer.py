@@ -295,15 +295,11 @@ class GroupWriter:
                 conn.execute("COMMIT")
             except BaseException as exc:
                 rollback(conn)
-                if disk_full(exc):
-                    release_wal(conn)
-                    self._hasty = False  # release_wal left the store's busy timeout set
+                self._after_failure(exc)
                 raise
             finally:
                 self.commits_ended += 1
-            self.groups += 1
-            self.writes += 1
-            self._on_commit(conn)
+            self._committed_alone(conn)
             return True, result
         finally:
             busy.release()
@@ -312,26 +308,32 @@ class GroupWriter:
         """Run a write of one statement as its own transaction, without waiting for another
         connection's write lock (raises :class:`_Locked`, nothing done); its result (None:
         it wrote nothing)."""
-        if not self._hasty:
-            conn.execute("PRAGMA busy_timeout = 0")
-            self._hasty = True
+        self._hasten(conn)
         self.commits_begun += 1
         try:
             result = fn(conn)
         except sqlite3.OperationalError as exc:
             if _busy(exc):
                 raise _Locked() from exc
-            if disk_full(exc):
-                release_wal(conn)
-                self._hasty = False  # release_wal left the store's busy timeout set
+            self._after_failure(exc)
             raise
         finally:
             self.commits_ended += 1
         if result is not None:
-            self.groups += 1
-            self.writes += 1
-            self._on_commit(conn)
+            self._committed_alone(conn)
         return result
+
+    def _committed_alone(self, conn: sqlite3.Connection) -> None:
+        """Count a transaction of one write, committed, and look for others' commits."""
+        self.groups += 1
+        self.writes += 1
+        self._on_commit(conn)
+
+    def _after_failure(self, exc: BaseException) -> None:
+        """After a write that failed: a full disk's log gives its space back."""
+        if disk_full(exc):
+            release_wal(self._conn)
+            self._hasty = False  # release_wal left the store's busy timeout set
 
     def _send_now(self) -> None:
         """Send the queue to the store's thread, the turn being over already."""
@@ -370,23 +372,27 @@ class GroupWriter:
             for w in writes:
                 if w.error is None:
                     w.error = exc
-        if any(disk_full(w.error) for w in writes):
-            release_wal(self._conn)
-            self._hasty = False  # release_wal left the store's busy timeout set
+        full = next((w.error for w in writes if disk_full(w.error)), None)
+        if full is not None:
+            self._after_failure(full)
 
     def _begin_at_once(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` without waiting for another connection's write lock. The
         busy timeout stays at 0 until the store's thread next runs (:meth:`_patient`):
         submits one after the other set it once, not twice each."""
-        if not self._hasty:
-            conn.execute("PRAGMA busy_timeout = 0")
-            self._hasty = True
+        self._hasten(conn)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if _busy(exc):
                 raise _Locked() from exc
             raise
+
+    def _hasten(self, conn: sqlite3.Connection) -> None:
+        """The busy timeout at 0, for a write on the loop's thread that must not wait."""
+        if not self._hasty:
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._hasty = True
 
     def _patient(self) -> None:
         """On the store's thread, before each task: the busy timeout as the store sets it."""
