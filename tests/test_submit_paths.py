@@ -304,3 +304,47 @@ async def test_a_plain_submit_stores_what_the_long_way_stores(tmp_path: Path) ->
         assert (default.queue, default.priority, default.max_attempts) == ("default", 0, 3)
     finally:
         await app.close()
+
+
+async def test_every_option_of_submit_takes_it_off_the_plain_path(
+    app: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``app.submit`` sends a job that sets nothing but its type and payload the short way
+    (``_submit_plain``), which takes no options: an option left out of that test would be
+    dropped silently. Each keyword of ``submit`` must send its job the long way, which
+    stores the option. A keyword added to ``submit`` fails here until it has a sample."""
+    import inspect
+
+    first = await app.submit("typed", {"n": 0})
+    samples: dict[str, object] = {
+        "id": "chosen-1",
+        "queue": "other",
+        "priority": 5,
+        "run_at": datetime(2030, 1, 1, tzinfo=UTC),
+        "delay": 60,
+        "max_attempts": 7,
+        "timeout": 9,
+        "unique_key": "only-one",
+        "tenant": "acme",
+        "depends_on": [first.id],
+        "concurrency_key": "k",
+    }
+    options = {
+        name
+        for name, p in inspect.signature(Conveyor.submit).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert options - {"connection"} == set(samples), "give the new keyword a sample here"
+
+    async def refuse(name: str, payload: object) -> None:
+        raise AssertionError("a submit with an option took the plain path")
+
+    monkeypatch.setattr(app, "_submit_plain", refuse)
+    try:
+        for option, value in samples.items():
+            handle = await app.submit("typed", {"n": 1}, **{option: value})  # type: ignore[arg-type]
+            assert handle.status in (Status.QUEUED, Status.PENDING), option
+        with pytest.raises(ConfigurationError, match="PostgreSQL only"):
+            await app.submit("typed", {"n": 1}, connection=object())
+    finally:
+        await app.close()

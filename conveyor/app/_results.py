@@ -66,11 +66,13 @@ def inserted_handles(app: JobSource, metrics: Metrics, inserted: Inserted) -> li
     return handles
 
 
-def inserted_handle(app: JobSource, metrics: Metrics, job: NewJob, inserted: Inserted) -> JobHandle:
-    """:func:`inserted_handles` of one job, ``job``, inserted alone (the common submit),
-    without a batch's loops."""
+def inserted_handle(app: JobSource, metrics: Metrics, inserted: Inserted) -> JobHandle:
+    """:func:`inserted_handles` of one job inserted alone (the common submit), without a
+    batch's loops."""
+    jobs = inserted.chunks[0]
+    job = jobs[0]
     metrics.of(job.type, job.queue).submitted.inc(1)
-    return InsertedHandle(app, (job,), 0, inserted.run_at[0], inserted.creation, 0)
+    return InsertedHandle(app, jobs, 0, inserted.run_at[0], inserted.creation, 0)
 
 
 _type_and_queue = attrgetter("type", "queue")

@@ -131,10 +131,6 @@ class Conveyor:
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
-        # The store last opened or found open, and its loop, by weak references (neither
-        # kept alive by it): the common submit finds it without a look in _stores.
-        self._last_store: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[Store]] | None
-        self._last_store = None
         self._tokens = Tokens(self.store, self.registry)
         self._trees = Trees(self)
         self.tenants = TenantLimits()  # the operator's per-tenant limits (app/tenants.py)
@@ -290,7 +286,6 @@ class Conveyor:
     async def close(self) -> None:
         """Close this event loop's store."""
         store = self._stores.pop(asyncio.get_running_loop(), None)
-        self._last_store = None
         if store is not None:
             await store.close()
 
@@ -421,16 +416,12 @@ class Conveyor:
         and the handle makes the job's record when it is first read."""
         traceparent = tracing.current_traceparent()
         job = _plain_job(self.registry, name, payload, self._wallclock(), traceparent, "local")
-        loop, last = asyncio.get_running_loop(), self._last_store
-        store = last[1]() if last is not None and last[0]() is loop else None
-        if store is None:
-            store = await self.store()
-            self._last_store = weakref.ref(loop), weakref.ref(store)
+        store = self._stores.get(asyncio.get_running_loop()) or await self.store()
         submit_new = getattr(store, "submit_new", None)
         if submit_new is not None:
             inserted: Inserted | None = await submit_new(job)
             if inserted is not None:
-                return inserted_handle(self, self.metrics, job, inserted)
+                return inserted_handle(self, self.metrics, inserted)
         return self.handles([job], await store.submit([job]))[0]
 
     def new_job_id(self, tenant: str | None = None) -> str:

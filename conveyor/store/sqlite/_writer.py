@@ -299,7 +299,7 @@ class GroupWriter:
                 raise
             finally:
                 self.commits_ended += 1
-            self._committed_alone(conn)
+            self._counted_commit(conn)
             return True, result
         finally:
             busy.release()
@@ -320,11 +320,11 @@ class GroupWriter:
         finally:
             self.commits_ended += 1
         if result is not None:
-            self._committed_alone(conn)
+            self._counted_commit(conn)
         return result
 
-    def _committed_alone(self, conn: sqlite3.Connection) -> None:
-        """Count a transaction of one write, committed, and look for others' commits."""
+    def _counted_commit(self, conn: sqlite3.Connection) -> None:
+        """Count a committed transaction of one write; look for others' commits."""
         self.groups += 1
         self.writes += 1
         self._on_commit(conn)
