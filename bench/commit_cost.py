@@ -2,18 +2,20 @@
 
 The loop is the bare transaction of a one-by-one submit, ``BEGIN IMMEDIATE``, one
 ``INSERT``, ``COMMIT``, with WAL and ``synchronous=FULL`` (an fsync at every commit), on
-four tables in four files of one directory: ``conveyor_jobs`` as conveyor's migrations
+five tables in five files of one directory: ``conveyor_jobs`` as conveyor's migrations
 make it (keyed by the creation microsecond: a new job is written into three b-trees, its
 row, its id's unique index and the claim index); the same as it was before migration 14
 (keyed by id, with an index by creation time: four b-trees); the same as migrated without
-the claim index (two b-trees, as many as huey's); and SqliteHuey's own table (an integer
-key and one index). The variants take turns in blocks, so that the disk's drift hits them
-alike; it prints each one's median, mean (what a loop's rate sees: it counts the
-checkpoints) and 90th percentile.
+the claim index, and without the id's unique index (two b-trees each, as many as
+huey's); and SqliteHuey's own table (an integer key and one index). The variants take
+turns in blocks, so that the disk's drift hits them alike; it prints each one's median,
+mean (what a loop's rate sees: it counts the checkpoints) and 90th percentile.
 
 It answers whether a one-by-one submit is bound by conveyor's schema or by the work
 around the commit: compare the medians with a whole call of ``app.submit``
-(``python -m bench.submit_latency``, ``python -m bench.index_cost``) and with huey's.
+(``python -m bench.submit_latency``, ``python -m bench.index_cost``) and with huey's;
+``python -m bench.submit_layers`` sets the statement a submit sends alone beside the whole
+call, conveyor's and huey's.
 """
 
 from __future__ import annotations
@@ -106,6 +108,27 @@ def _keyed_by_id(source: Path, name: str) -> sqlite3.Connection:
     return conn
 
 
+def _without_id_index(source: Path, name: str) -> sqlite3.Connection:
+    """``conveyor_jobs`` as migrated but without its id's unique index (the table rebuilt,
+    empty, with the same indexes): two b-trees a new job is written into, as many as
+    huey's, with conveyor's row. Not a working schema (a job could not be found by id);
+    it answers what that index costs the commit."""
+    conn = _open(source, name)
+    (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'conveyor_jobs'").fetchone()
+    indexes = [
+        sql
+        for (sql,) in conn.execute(
+            "SELECT sql FROM sqlite_master "
+            "WHERE type = 'index' AND tbl_name = 'conveyor_jobs' AND sql IS NOT NULL"
+        )
+    ]
+    conn.execute("DROP TABLE conveyor_jobs")  # empty: nothing to copy
+    conn.execute(re.sub(r"id(\s+)TEXT NOT NULL UNIQUE", r"id\1TEXT NOT NULL", table))
+    for sql in indexes:
+        conn.execute(sql)
+    return conn
+
+
 def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., None]]]:
     """The tables, each in a file of its own, with the insert of one row."""
     leaner = _open(source, "leaner")
@@ -124,6 +147,10 @@ def variants(source: Path) -> dict[str, tuple[sqlite3.Connection, Callable[..., 
             _insert_job_by_id,
         ),
         "as migrated, without the claim index": (leaner, _insert_job),
+        "as migrated, without the id's unique index": (
+            _without_id_index(source, "without_id_index"),
+            _insert_job,
+        ),
         "huey's table (integer key, one index)": (huey, _insert_task),
     }
 
