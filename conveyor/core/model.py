@@ -296,12 +296,17 @@ class Attempt:
     traceback: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=True)
 class Settlement:
-    """What a worker reports when an attempt ends, fenced by the lease token.
+    """What a worker reports when an attempt ends, fenced by the lease token; to be
+    treated as read-only (``dataclasses.replace`` makes a changed one).
 
     ``outcome`` is None for a hand-back on graceful shutdown: no attempt is recorded
     and the attempt counter is given back.
+
+    Not frozen, as :class:`Job` is not: a worker makes one per job it runs, and a frozen
+    dataclass's ``__init__`` (an ``object.__setattr__`` call per field) took 2.1 µs
+    against 0.8.
     """
 
     job_id: str

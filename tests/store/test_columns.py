@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import re
 import sqlite3
+from datetime import UTC, datetime
 
 import psycopg
 
+from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
 from conveyor.store import Store
 from conveyor.store._queries import load_queries
 from conveyor.store._rows import JOB_COLUMNS, JOB_TABLE, SQL_TYPES, SUBMITTED
+from conveyor.store.sqlite._codec import job_of_row
 from conveyor.store.sqlite.backend import parse_sqlite_url
 
 
@@ -89,3 +92,43 @@ def test_each_submit_statement_names_the_declared_columns() -> None:
             assert match, name
             columns = {c.strip() for c in match.group(1).split(",")}
             assert columns == expected - _LEFT_OUT.get((backend, name), set()), (backend, name)
+
+
+def test_a_row_is_read_into_the_job_field_of_each_of_its_columns() -> None:
+    # Every column holds a value of its own (a time a second apart from the others, a
+    # number its position...), read back by SQLite's reader: each lands in its own field,
+    # whatever order the generated reader passes them to Job in (by position).
+    values: dict[str, object] = {}
+    expected: dict[str, object] = {}
+    for i, c in enumerate(JOB_TABLE):
+        kind = c.kind.value
+        if kind == "text":
+            values[c.name] = expected[c.name] = f"{c.name}-value"
+        elif kind in ("int", "bigint"):
+            values[c.name] = expected[c.name] = 100 + i
+        elif kind == "float":
+            values[c.name] = expected[c.name] = 100 + i + 0.5
+        elif kind == "bool":
+            values[c.name], expected[c.name] = 1, True
+        elif kind == "json":
+            values[c.name], expected[c.name] = f'{{"of": "{c.name}"}}', {"of": c.name}
+        elif kind == "time":
+            values[c.name] = 1_700_000_000 + i
+            expected[c.name] = datetime.fromtimestamp(1_700_000_000 + i, UTC)
+        elif kind == "ids":
+            values[c.name], expected[c.name] = f'["{c.name}-id"]', (f"{c.name}-id",)
+        else:  # a status
+            values[c.name], expected[c.name] = "running", Status.RUNNING
+    conn = sqlite3.connect(":memory:")
+    conn.row_factory = sqlite3.Row
+    try:
+        select = ", ".join(f"? AS {name}" for name in values)
+        row = conn.execute(f"SELECT {select}", list(values.values())).fetchone()
+    finally:
+        conn.close()
+    job = job_of_row(row)
+    for c in JOB_TABLE:
+        whole, _, part = c.attribute.partition(".")
+        read = getattr(getattr(job, whole), part) if part else getattr(job, whole)
+        assert read == expected[c.name], c.name
+    assert job.below is None  # counts of a tree, which no column holds
