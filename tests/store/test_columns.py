@@ -9,12 +9,13 @@ import sqlite3
 from datetime import UTC, datetime
 
 import psycopg
+import pytest
 
 from conveyor.core.lifecycle import Status
 from conveyor.core.model import Job, NewJob
 from conveyor.store import Store
 from conveyor.store._queries import load_queries
-from conveyor.store._rows import JOB_COLUMNS, JOB_TABLE, SQL_TYPES, SUBMITTED
+from conveyor.store._rows import JOB_COLUMNS, JOB_TABLE, SQL_TYPES, SUBMITTED, _by_position
 from conveyor.store.sqlite._codec import job_of_row
 from conveyor.store.sqlite.backend import parse_sqlite_url
 
@@ -132,3 +133,15 @@ def test_a_row_is_read_into_the_job_field_of_each_of_its_columns() -> None:
         read = getattr(getattr(job, whole), part) if part else getattr(job, whole)
         assert read == expected[c.name], c.name
     assert job.below is None  # counts of a tree, which no column holds
+
+
+def test_a_job_field_no_column_gives_turns_the_reader_s_later_fields_to_keywords() -> None:
+    # Positions hold only while the fields come in Job's order with none missing: after a
+    # gap (a field added to Job without a column), the rest are passed by keyword.
+    names = [f.name for f in dataclasses.fields(Job) if f.name != "below"]
+    arguments = {name: f"v_{name}" for name in names if name != "queue"}
+    lines = _by_position(arguments)
+    assert lines[:2] == ["v_id,  # id", "v_type,  # type"]
+    assert lines[2:] == [f"{name}=v_{name}," for name in names[3:]]
+    with pytest.raises(RuntimeError, match="no_such_field"):
+        _by_position({**arguments, "no_such_field": "x"})
