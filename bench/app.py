@@ -9,8 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from conveyor import Conveyor, JobContext, Submission
+
+
+def submit_only(path: Path) -> Conveyor:
+    """An app on the SQLite file ``path`` with the peer harness's job type, ``noop(t:
+    float)``, for benchmarks that only submit (``bench.index_cost``,
+    ``bench.submit_layers``): its jobs are never run."""
+    app = Conveyor(f"sqlite:///{path}")
+
+    @app.job(name="noop", max_attempts=3)
+    async def noop(ctx: JobContext, t: float) -> None:
+        """Never run: the benchmark only submits."""
+
+    return app
 
 
 def build(url: str | None = None) -> Conveyor:

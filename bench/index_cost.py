@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from conveyor import Conveyor, JobContext
+from bench.app import submit_only
+from conveyor import Conveyor
 
 # name -> (page size, indexes dropped after migrating)
 VARIANTS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -39,16 +40,6 @@ VARIANTS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
-def _app(path: Path) -> Conveyor:
-    app = Conveyor(f"sqlite:///{path}")
-
-    @app.job(name="noop", max_attempts=3)
-    async def noop(ctx: JobContext, t: float) -> None:
-        """Never run: the benchmark only submits."""
-
-    return app
-
-
 async def _open(directory: Path, name: str, page_size: int, dropped: tuple[str, ...]) -> Conveyor:
     """A migrated file of ``page_size``-byte pages without the ``dropped`` indexes."""
     path = directory / f"{name.replace(' ', '_')}.db"
@@ -56,7 +47,7 @@ async def _open(directory: Path, name: str, page_size: int, dropped: tuple[str, 
     conn.execute(f"PRAGMA page_size = {page_size}")  # before the first write fixes it
     conn.execute("PRAGMA journal_mode = WAL")
     conn.close()
-    app = _app(path)
+    app = submit_only(path)
     await app.migrate()
     conn = sqlite3.connect(path)
     for index in dropped:

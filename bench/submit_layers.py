@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from conveyor import Conveyor, JobContext
+from bench.app import submit_only
 from conveyor.core.ids import new_id
 from conveyor.store.sqlite._submit import _PLAIN, _statement
 
@@ -48,16 +48,6 @@ WAYS = (
     "huey, its statement",
 )
 _HUEY_INSERT = "INSERT INTO task (queue, data, priority) VALUES (?, ?, ?)"
-
-
-def _conveyor_app(path: Path) -> Conveyor:
-    app = Conveyor(f"sqlite:///{path}")
-
-    @app.job(name="noop", max_attempts=3)
-    async def noop(ctx: JobContext, t: float) -> None:
-        """Never run: the benchmark only submits."""
-
-    return app
 
 
 class _Statement:
@@ -109,7 +99,7 @@ async def measure(directory: Path, *, blocks: int, per_block: int) -> dict[str, 
     """Seconds per job for each way, one figure per block."""
     from huey import SqliteHuey  # type: ignore[import-untyped]  # the bench extra
 
-    app = _conveyor_app(directory / "conveyor_call.db")
+    app = submit_only(directory / "conveyor_call.db")
     await app.migrate()
     await _migrate(directory / "conveyor_statement.db")
     statement = _Statement(directory / "conveyor_statement.db")
@@ -174,7 +164,7 @@ def _noop(t: float) -> None:
 
 
 async def _migrate(path: Path) -> None:
-    app = _conveyor_app(path)
+    app = submit_only(path)
     await app.migrate()
     await app.close()
 

@@ -144,7 +144,6 @@ def _by_position(arguments: Mapping[str, str]) -> list[str]:
     after (a field the row does not give keeps its default). By keyword, the call took
     three times as long: it is made once for every job a claim, a page or a get reads."""
     names = [f.name for f in fields(Job)]
-    given = [n for n in names if n in arguments]
     unknown = set(arguments) - set(names)
     if unknown:
         raise RuntimeError(f"job columns read into no field of Job: {sorted(unknown)}")
@@ -152,7 +151,7 @@ def _by_position(arguments: Mapping[str, str]) -> list[str]:
     while leading < len(names) and names[leading] in arguments:
         leading += 1
     return [f"{arguments[n]},  # {n}" for n in names[:leading]] + [
-        f"{n}={arguments[n]}," for n in given if n not in names[:leading]
+        f"{n}={arguments[n]}," for n in names[leading:] if n in arguments
     ]
 
 

@@ -294,10 +294,8 @@ class Executor(WorkerBase):
             self.leases.release((run,))
             self._lost(run)
         else:
-            # Progress not yet written by a heartbeat goes with the result (asked only
-            # when some run has any: the lease's key is made for the look-up).
-            leases = self.leases
-            progress = leases.pop_progress(run.key) if leases.has_progress() else None
+            # Progress not yet written by a heartbeat goes with the result.
+            progress = self.leases.pop_progress(run)
             if progress is not None:
                 settlement = dataclasses.replace(settlement, progress=progress)
             self._outbox.append((run, settlement))

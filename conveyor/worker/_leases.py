@@ -129,12 +129,14 @@ class Leases:
     def has_progress(self) -> bool:
         return bool(self._progress)
 
-    def pop_progress(self, key: Lease) -> Progress | None:
-        """Take one run's buffered progress (it then goes with the run's result)."""
+    def pop_progress(self, run: Run) -> Progress | None:
+        """Take one run's buffered progress (it then goes with the run's result). The
+        run's lease key is made only when some run has progress buffered: a run seldom
+        has, and every finished run asks."""
         if not self._progress:
             return None
         with self._lock:
-            return self._progress.pop(key, None)
+            return self._progress.pop(run.key, None)
 
     def take_progress(self) -> dict[Lease, Progress]:
         """Take all buffered progress, for the heartbeat to write."""
